@@ -1,0 +1,135 @@
+//! The one error type of the crate.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while building a loader or producing a batch.
+///
+/// Each variant carries what a user needs to act on it: the file, the
+/// record key, the line of a file list. The underlying cause is kept as the
+/// error's `source()`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A builder setting is out of range; the message says what to change.
+    #[error("invalid loader config: {0}")]
+    InvalidConfig(String),
+
+    /// A dataset (folder, file list) could not be opened or listed.
+    #[error("cannot open dataset {path:?}: {reason}")]
+    Dataset {
+        /// The folder or file that was being opened.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A line of a file list could not be parsed.
+    #[error("file list {path:?} line {line}: {reason}")]
+    FileList {
+        /// The list file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong with the line.
+        reason: String,
+    },
+
+    /// An I/O error while listing or reading a dataset path.
+    #[error("cannot read {path:?}")]
+    Io {
+        /// The file or folder that could not be read.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A sample's file holds no bytes.
+    #[error("{key:?} is an empty file")]
+    EmptyFile {
+        /// The sample's key (its path for file-backed sources).
+        key: String,
+    },
+
+    /// A sample's bytes are not a decodable image.
+    #[error("decode failed for {key:?}")]
+    Decode {
+        /// The sample's key (its path for file-backed sources).
+        key: String,
+        /// The decoder's error.
+        #[source]
+        source: image::ImageError,
+    },
+
+    /// Resizing a decoded sample failed (for example a zero-sized image).
+    #[error("transform failed for {key:?}: {reason}")]
+    Transform {
+        /// The sample's key.
+        key: String,
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// A source's index is out of range.
+    #[error("sample index {index} is out of range for a source of {len} samples")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// The source's length.
+        len: usize,
+    },
+
+    /// Code run for a sample (a source or a transform) panicked; the panic
+    /// was caught on the worker and turned into this error.
+    #[error("worker panicked while processing {key:?}: {message}")]
+    WorkerPanic {
+        /// The sample's key, or its index when the key was not known yet.
+        key: String,
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+
+    /// A loader thread could not be started.
+    #[error("cannot start loader thread {name}")]
+    Spawn {
+        /// The thread's name.
+        name: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The decode thread pool could not be built.
+    #[error("cannot start the decode thread pool")]
+    ThreadPool(#[source] rayon::ThreadPoolBuildError),
+
+    /// A loader thread stopped before the epoch was complete. This is a bug
+    /// in wick; please report it.
+    #[error("loader thread stopped unexpectedly after {delivered} of {expected} batches")]
+    PipelineStopped {
+        /// Batches delivered before the stop.
+        delivered: usize,
+        /// Batches the epoch should have had.
+        expected: usize,
+    },
+
+    /// Creating the device tensor of a batch failed.
+    #[error("cannot create batch tensor on the device")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// `Result` with wick's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The key of the sample this error is about, when it is about one.
+    pub fn sample_key(&self) -> Option<&str> {
+        match self {
+            Error::EmptyFile { key }
+            | Error::Decode { key, .. }
+            | Error::Transform { key, .. }
+            | Error::WorkerPanic { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}

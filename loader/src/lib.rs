@@ -1,0 +1,72 @@
+//! # candle-wick
+//!
+//! A training-data loader that keeps a [Candle](https://github.com/huggingface/candle)
+//! device fed: samples are read, decoded and augmented on the loader's own
+//! pool of CPU threads straight into reusable batch buffers, put back in
+//! order, and turned into device tensors by a prefetch thread before the
+//! training step asks for them.
+//!
+//! ## Quick start
+//!
+//! ```no_run
+//! use candle_wick::{ImageFolder, Loader};
+//!
+//! # fn main() -> candle_wick::Result<()> {
+//! let train = ImageFolder::new("data/train")?; // root/<class>/<image>
+//! let mut loader = Loader::builder(train)
+//!     .batch_size(128)
+//!     .image_size(224)
+//!     .train_transforms() // RandomResizedCrop + horizontal flip
+//!     .shuffle(42)        // a new permutation every epoch, reproducible
+//!     .prefetch(2)
+//!     .build()?;
+//! for epoch in 0..10 {
+//!     for batch in loader.epoch(epoch) {
+//!         let batch = batch?;
+//!         // batch.images: f32 [128, 3, 224, 224], ImageNet-normalized
+//!         // batch.labels: u32 [128]
+//!         # let _ = batch;
+//!     }
+//!     println!("{:?}", loader.stats());
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it guarantees
+//!
+//! - **Determinism**: the order comes from `(seed, epoch)` and every random
+//!   draw of sample `i` from `(seed, epoch, i)`, so batches are bit-identical
+//!   for any number of workers and any prefetch depth.
+//! - **Bounded memory**: a fixed number of host batch buffers
+//!   ([`LoaderBuilder::batches_in_flight`]) plus the prefetch queue.
+//! - **Bad input**: a missing, empty or corrupt file is an error naming it,
+//!   or, with [`BadSamples::Skip`], left out and listed; panics in sources
+//!   or transforms become errors; decoders run with size limits.
+//!
+//! ## Feature flags
+//!
+//! - `cuda`: CUDA devices through candle-core's `cuda` feature.
+//! - `metal`: Metal devices through candle-core's `metal` feature.
+//! - `cli`: the `wick` command-line tool (`wick bench`).
+
+#![deny(missing_docs)]
+
+mod decode;
+mod device;
+mod error;
+mod pipeline;
+mod pool;
+mod rng;
+mod sampler;
+mod source;
+mod stats;
+mod transform;
+
+pub use error::{Error, Result};
+pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
+pub use sampler::Sampler;
+pub use source::{FileList, ImageFolder, MemorySource, Record, Source};
+pub use stats::Stats;
+pub use transform::{
+    ImageTransform, Output, SampleTimes, Slot, Transforms, IMAGENET_MEAN, IMAGENET_STD,
+};

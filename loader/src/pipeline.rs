@@ -1,0 +1,896 @@
+//! The loader: builder, long-lived threads, and the per-epoch iterator.
+//!
+//! Threads, created once per [`Loader`]:
+//! - `wick-feed`: walks the epoch's batches in order, takes a buffer from the
+//!   pool for each (blocking when none is free) and hands the batch to the
+//!   decode pool.
+//! - `wick-decode-{i}`: the loader's own rayon pool; the samples of a batch
+//!   are read, decoded and transformed in parallel straight into their slots.
+//! - `wick-upload`: puts finished batches back in batch order, turns each
+//!   into device tensors and sends it into a bounded channel of `prefetch`
+//!   batches that [`Epoch`] reads.
+
+use crate::device::upload;
+use crate::error::{Error, Result};
+use crate::pool::{HostBuf, Pool};
+use crate::sampler::{Plan, Sampler};
+use crate::source::Source;
+use crate::stats::{Counters, Stats};
+use crate::transform::{ImageTransform, Output, Slot, Transforms};
+use candle_core::{Device, Tensor};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What to do with a sample that cannot be read or decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BadSamples {
+    /// The batch holding it is an `Err` naming the file (the default).
+    #[default]
+    Fail,
+    /// Leave the sample out: its batch is one shorter, the sample is listed
+    /// in [`Batch::skipped`] and counted in [`Stats::skipped`].
+    Skip,
+}
+
+/// A sample left out under [`BadSamples::Skip`].
+#[derive(Debug)]
+pub struct Skipped {
+    /// The sample's key (its path for file-backed sources).
+    pub key: String,
+    /// Why it was left out.
+    pub error: Error,
+}
+
+/// One batch, on the loader's device.
+#[derive(Debug)]
+pub struct Batch {
+    /// `u8 [n, h, w, 3]` or `f32 [n, 3, h, w]`, as the loader's [`Output`] says.
+    pub images: Tensor,
+    /// `u32 [n]` class indices.
+    pub labels: Tensor,
+    /// The key of every image, in batch order.
+    pub keys: Vec<String>,
+    /// The source index of every image, in batch order.
+    pub indices: Vec<usize>,
+    /// Position of the batch in this rank's epoch.
+    pub index: usize,
+    /// Samples of this batch left out under [`BadSamples::Skip`].
+    pub skipped: Vec<Skipped>,
+}
+
+impl Batch {
+    /// Number of images in the batch.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether every sample of the batch was skipped.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Which geometric transforms the builder was asked for.
+#[derive(Debug, Clone, Copy)]
+enum TransformChoice {
+    Train,
+    Eval,
+    Custom(Transforms),
+}
+
+/// Configures a [`Loader`]; see [`Loader::builder`].
+#[derive(Debug)]
+pub struct LoaderBuilder {
+    source: Arc<dyn Source>,
+    batch_size: usize,
+    workers: usize,
+    prefetch: usize,
+    in_flight: usize,
+    shuffle: Option<u64>,
+    seed: u64,
+    drop_last: bool,
+    size: (usize, usize),
+    transforms: TransformChoice,
+    output: Output,
+    device: Device,
+    shard: Option<(usize, usize)>,
+    bad_samples: BadSamples,
+}
+
+impl std::fmt::Debug for dyn Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Source({} samples)", self.len())
+    }
+}
+
+impl LoaderBuilder {
+    /// Samples per batch. Default 32.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Decode threads in the loader's own rayon pool. Default (and `0`): the
+    /// number of available cores.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Batches made into device tensors ahead of the consumer. Default 2;
+    /// `0` hands each batch over as soon as it is ready, with none waiting.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// Host batch buffers being filled or waiting for upload at once: the
+    /// memory bound of the decode stage. Default 3 (each batch is decoded by
+    /// all workers together, so a few suffice). Must be at least 1.
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n;
+        self
+    }
+
+    /// Shuffle every epoch with a permutation drawn from `(seed, epoch)`, and
+    /// use `seed` for the augmentations too. Default: source order.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.shuffle = Some(seed);
+        self.seed = seed;
+        self
+    }
+
+    /// Seed of the augmentation draws without shuffling. Default 0 (or the
+    /// seed given to [`shuffle`](Self::shuffle)).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Drop the short last batch (and, when sharded, any tail that cannot
+    /// give every rank a full batch). Default `false`: every sample is used.
+    pub fn drop_last(mut self, yes: bool) -> Self {
+        self.drop_last = yes;
+        self
+    }
+
+    /// Output images are `size x size`. Default 224.
+    pub fn image_size(mut self, size: usize) -> Self {
+        self.size = (size, size);
+        self
+    }
+
+    /// Output images are `height x width`. Default 224 x 224.
+    pub fn image_size_hw(mut self, height: usize, width: usize) -> Self {
+        self.size = (height, width);
+        self
+    }
+
+    /// torchvision's training augmentation: [`Transforms::train`].
+    pub fn train_transforms(mut self) -> Self {
+        self.transforms = TransformChoice::Train;
+        self
+    }
+
+    /// torchvision's evaluation transform for the image size:
+    /// [`Transforms::eval`]. This is the default.
+    pub fn eval_transforms(mut self) -> Self {
+        self.transforms = TransformChoice::Eval;
+        self
+    }
+
+    /// Any [`Transforms`].
+    pub fn transforms(mut self, t: Transforms) -> Self {
+        self.transforms = TransformChoice::Custom(t);
+        self
+    }
+
+    /// Element type and layout of the images. Default [`Output::imagenet`]:
+    /// `f32` NCHW normalized with ImageNet's mean and std.
+    pub fn output(mut self, output: Output) -> Self {
+        self.output = output;
+        self
+    }
+
+    /// Device of the batch tensors. Default [`Device::Cpu`].
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Use only shard `rank` of `world_size` (data-parallel training).
+    /// Default: the `RANK` and `WORLD_SIZE` environment variables when both
+    /// are set, as torchrun sets them, else one shard.
+    pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
+        self.shard = Some((rank, world_size));
+        self
+    }
+
+    /// Policy for unreadable or undecodable samples. Default [`BadSamples::Fail`].
+    pub fn bad_samples(mut self, policy: BadSamples) -> Self {
+        self.bad_samples = policy;
+        self
+    }
+
+    /// Validates the settings, starts the loader's threads and returns it.
+    pub fn build(self) -> Result<Loader> {
+        if self.source.is_empty() {
+            return Err(Error::InvalidConfig("the source has no samples".into()));
+        }
+        if self.in_flight == 0 {
+            return Err(Error::InvalidConfig(
+                "batches_in_flight must be at least 1".into(),
+            ));
+        }
+        let (rank, world_size) = match self.shard {
+            Some(s) => s,
+            None => shard_from_env()?,
+        };
+        let sampler = Sampler::new(
+            self.source.len(),
+            self.batch_size,
+            self.shuffle,
+            self.drop_last,
+            rank,
+            world_size,
+        )?;
+        let (h, w) = self.size;
+        let transforms = match self.transforms {
+            TransformChoice::Train => Transforms::train(),
+            TransformChoice::Eval => Transforms::eval(h.max(w)),
+            TransformChoice::Custom(t) => t,
+        };
+        let transform = ImageTransform::new(transforms, self.output, h, w, self.seed)?;
+        let workers = if self.workers == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            self.workers
+        };
+        let shared = Arc::new(Shared {
+            pool: Pool::new(
+                self.in_flight,
+                self.batch_size * transform.slot_len(),
+                self.output,
+            ),
+            source: self.source,
+            transform,
+            counters: Counters::default(),
+            device: self.device,
+            bad_samples: self.bad_samples,
+        });
+        Loader::start(shared, sampler, workers, self.in_flight, self.prefetch)
+    }
+}
+
+fn shard_from_env() -> Result<(usize, usize)> {
+    let var = |name| std::env::var(name).ok();
+    match (var("RANK"), var("WORLD_SIZE")) {
+        (Some(r), Some(w)) => match (r.trim().parse(), w.trim().parse()) {
+            (Ok(r), Ok(w)) => Ok((r, w)),
+            _ => Err(Error::InvalidConfig(format!(
+                "RANK={r:?} and WORLD_SIZE={w:?} must be integers (or call shard())"
+            ))),
+        },
+        _ => Ok((0, 1)),
+    }
+}
+
+/// What the loader's threads share.
+#[derive(Debug)]
+struct Shared {
+    source: Arc<dyn Source>,
+    transform: ImageTransform,
+    pool: Pool,
+    counters: Counters,
+    device: Device,
+    bad_samples: BadSamples,
+}
+
+/// A batch filled on the host, not yet on the device.
+#[derive(Debug)]
+struct HostBatch {
+    buf: HostBuf,
+    labels: Vec<u32>,
+    keys: Vec<String>,
+    indices: Vec<usize>,
+    skipped: Vec<Skipped>,
+}
+
+/// A decode job's result: `None` when the epoch was cancelled meanwhile.
+#[derive(Debug)]
+struct Filled {
+    index: usize,
+    result: Option<Result<HostBatch>>,
+}
+
+/// Messages to the uploader, in the order the feeder sends them.
+#[derive(Debug)]
+enum Msg {
+    Begin {
+        out: Sender<Result<Batch>>,
+        first: usize,
+        cancel: Arc<AtomicBool>,
+    },
+    Done(Filled),
+    End {
+        dispatched: usize,
+    },
+}
+
+/// An epoch for the feeder thread.
+#[derive(Debug)]
+struct EpochCmd {
+    epoch: u64,
+    plan: Plan,
+    start: usize,
+    cancel: Arc<AtomicBool>,
+    out: Sender<Result<Batch>>,
+}
+
+/// Counts decode threads that have exited, to join the rayon pool.
+type ExitCount = Arc<(Mutex<usize>, Condvar)>;
+
+/// A parallel, prefetching loader of image batches. See the crate docs.
+#[derive(Debug)]
+pub struct Loader {
+    shared: Arc<Shared>,
+    sampler: Sampler,
+    cmd: Option<Sender<EpochCmd>>,
+    ack: Receiver<()>,
+    threads: Vec<JoinHandle<()>>,
+    decode_pool: Option<Arc<rayon::ThreadPool>>,
+    exited: ExitCount,
+    workers: usize,
+    prefetch: usize,
+}
+
+impl Loader {
+    /// Starts configuring a loader over `source`.
+    ///
+    /// ```no_run
+    /// # fn main() -> candle_wick::Result<()> {
+    /// use candle_wick::{ImageFolder, Loader};
+    /// let mut loader = Loader::builder(ImageFolder::new("data/train")?)
+    ///     .batch_size(64)
+    ///     .image_size(224)
+    ///     .train_transforms()
+    ///     .shuffle(42)
+    ///     .build()?;
+    /// for batch in loader.epoch(0) {
+    ///     let batch = batch?;
+    ///     println!("{:?} {:?}", batch.images.shape(), batch.labels.shape());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(source: impl Source) -> LoaderBuilder {
+        LoaderBuilder {
+            source: Arc::new(source),
+            batch_size: 32,
+            workers: 0,
+            prefetch: 2,
+            in_flight: 3,
+            shuffle: None,
+            seed: 0,
+            drop_last: false,
+            size: (224, 224),
+            transforms: TransformChoice::Eval,
+            output: Output::imagenet(),
+            device: Device::Cpu,
+            shard: None,
+            bad_samples: BadSamples::Fail,
+        }
+    }
+
+    fn start(
+        shared: Arc<Shared>,
+        sampler: Sampler,
+        workers: usize,
+        in_flight: usize,
+        prefetch: usize,
+    ) -> Result<Self> {
+        let exited: ExitCount = Arc::default();
+        let on_exit = exited.clone();
+        let decode_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .thread_name(|i| format!("wick-decode-{i}"))
+            .exit_handler(move |_| {
+                let (count, cv) = &*on_exit;
+                *count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                cv.notify_all();
+            })
+            .build()
+            .map_err(Error::ThreadPool)?;
+        let decode_pool = Arc::new(decode_pool);
+        // Begin, one message per batch in flight, End: sends never block.
+        let (done_tx, done_rx) = bounded::<Msg>(in_flight + 2);
+        let (cmd_tx, cmd_rx) = bounded::<EpochCmd>(1);
+        let (ack_tx, ack_rx) = bounded::<()>(1);
+        let mut loader = Loader {
+            shared: shared.clone(),
+            sampler,
+            cmd: Some(cmd_tx),
+            ack: ack_rx,
+            threads: Vec::new(),
+            decode_pool: Some(decode_pool.clone()),
+            exited,
+            workers,
+            prefetch,
+        };
+        let feeder_shared = shared.clone();
+        loader.spawn("wick-feed", move || {
+            feed(&feeder_shared, &decode_pool, &cmd_rx, &done_tx);
+        })?;
+        loader.spawn("wick-upload", move || {
+            upload_loop(&shared, &done_rx, &ack_tx)
+        })?;
+        Ok(loader)
+    }
+
+    fn spawn(&mut self, name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map_err(|source| Error::Spawn {
+                name: name.into(),
+                source,
+            })?;
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// The batches of epoch `epoch`, in order. See [`Epoch`].
+    pub fn epoch(&mut self, epoch: u64) -> Epoch<'_> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of epoch `epoch` from batch `start` on, to resume an
+    /// interrupted epoch: they equal the batches a full run yields from
+    /// there. A `start` past the end gives an empty epoch.
+    pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
+        let plan = self.sampler.plan(epoch);
+        let total = plan.batches.len();
+        let start = start.min(total);
+        let (out_tx, out_rx) = bounded(self.prefetch);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let cmd = EpochCmd {
+            epoch,
+            plan,
+            start,
+            cancel: cancel.clone(),
+            out: out_tx,
+        };
+        let started = self.cmd.as_ref().is_some_and(|c| c.send(cmd).is_ok());
+        self.shared.counters.epoch_started();
+        Epoch {
+            remaining: total - start,
+            expected: total - start,
+            rx: started.then_some(out_rx),
+            cancel,
+            loader: self,
+        }
+    }
+
+    /// Batches per epoch for this rank.
+    pub fn len(&self) -> usize {
+        self.sampler.num_batches()
+    }
+
+    /// Whether an epoch has no batch (never true for a built loader: an
+    /// empty source is rejected by `build`).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The sampler that orders and shards the epochs.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// The per-sample function the workers run.
+    pub fn transform(&self) -> &ImageTransform {
+        &self.shared.transform
+    }
+
+    /// Number of decode threads.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Counters summed over every epoch run so far.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Closing the command channel ends the feeder, whose end closes the
+        // uploader's input; then the decode pool's threads are told to exit.
+        self.cmd.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.decode_pool.take();
+        let (count, cv) = &*self.exited;
+        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while *n < self.workers {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            n = cv
+                .wait_timeout(n, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The batches of one epoch, in order: an [`ExactSizeIterator`] of
+/// `Result<Batch>`.
+///
+/// A batch with a bad sample is an `Err` under [`BadSamples::Fail`]; the
+/// iterator goes on with the next batch, so `?` stops the epoch while a
+/// tolerant loop can carry on. Dropping the epoch early cancels the decode
+/// work still queued and returns once the loader's threads are idle.
+#[derive(Debug)]
+pub struct Epoch<'a> {
+    loader: &'a mut Loader,
+    rx: Option<Receiver<Result<Batch>>>,
+    cancel: Arc<AtomicBool>,
+    remaining: usize,
+    expected: usize,
+}
+
+impl Epoch<'_> {
+    /// The loader's counters, as [`Loader::stats`].
+    pub fn stats(&self) -> Stats {
+        self.loader.stats()
+    }
+}
+
+impl Iterator for Epoch<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let t = Instant::now();
+        let got = self.rx.as_ref().map(|rx| rx.recv());
+        match got {
+            Some(Ok(item)) => {
+                self.loader.shared.counters.consumer_waited(t.elapsed());
+                self.remaining -= 1;
+                Some(item)
+            }
+            _ => {
+                let delivered = self.expected - self.remaining;
+                self.remaining = 0;
+                Some(Err(Error::PipelineStopped {
+                    delivered,
+                    expected: self.expected,
+                }))
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for Epoch<'_> {}
+
+impl Drop for Epoch<'_> {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        self.loader.shared.pool.wake();
+        if self.rx.take().is_some() {
+            // The uploader acknowledges once every dispatched batch is back.
+            let _ = self.loader.ack.recv();
+        }
+        self.loader.shared.counters.epoch_ended();
+    }
+}
+
+/// The feeder thread: one epoch command at a time, batches in order.
+fn feed(
+    shared: &Arc<Shared>,
+    decode_pool: &rayon::ThreadPool,
+    cmds: &Receiver<EpochCmd>,
+    done: &Sender<Msg>,
+) {
+    for cmd in cmds {
+        let EpochCmd {
+            epoch,
+            plan,
+            start,
+            cancel,
+            out,
+        } = cmd;
+        let begin = Msg::Begin {
+            out,
+            first: start,
+            cancel: cancel.clone(),
+        };
+        if done.send(begin).is_err() {
+            return;
+        }
+        let plan = Arc::new(plan);
+        let mut dispatched = 0;
+        for index in start..plan.batches.len() {
+            let Some(buf) = shared.pool.acquire(&cancel) else {
+                break;
+            };
+            shared.counters.batch_started();
+            dispatched += 1;
+            let (shared, plan, cancel, done) =
+                (shared.clone(), plan.clone(), cancel.clone(), done.clone());
+            decode_pool.spawn(move || {
+                let filled = catch_unwind(AssertUnwindSafe(|| {
+                    fill(&shared, &plan, index, epoch, buf, &cancel)
+                }))
+                .unwrap_or_else(|payload| {
+                    // The buffer was lost with the panic; return its permit.
+                    shared.pool.release(None);
+                    Filled {
+                        index,
+                        result: Some(Err(Error::WorkerPanic {
+                            key: format!("batch {index}"),
+                            message: panic_message(payload.as_ref()),
+                        })),
+                    }
+                });
+                let _ = done.send(Msg::Done(filled));
+            });
+        }
+        if done.send(Msg::End { dispatched }).is_err() {
+            return;
+        }
+    }
+}
+
+/// One sample's fate in a batch.
+enum Outcome {
+    Ok { key: String, label: u32 },
+    Failed { key: String, error: Error },
+    Cancelled,
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// Reads, decodes and transforms sample `index` into `slot`.
+fn process(
+    shared: &Shared,
+    epoch: u64,
+    index: usize,
+    slot: Slot<'_>,
+    cancel: &AtomicBool,
+) -> Outcome {
+    if cancel.load(Ordering::Relaxed) {
+        return Outcome::Cancelled;
+    }
+    let run = || -> Result<(String, u32), (Option<String>, Error)> {
+        let t0 = Instant::now();
+        let record = shared.source.read(index).map_err(|e| (None, e))?;
+        let read = t0.elapsed();
+        let times = shared
+            .transform
+            .apply(&record.key, &record.bytes, epoch, index, slot)
+            .map_err(|e| (Some(record.key.clone()), e))?;
+        shared.counters.sample(read, &times);
+        Ok((record.key, record.label))
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(Ok((key, label))) => Outcome::Ok { key, label },
+        Ok(Err((key, error))) => Outcome::Failed {
+            key: key.unwrap_or_else(|| shared.source.key(index)),
+            error,
+        },
+        Err(payload) => {
+            let key = shared.source.key(index);
+            Outcome::Failed {
+                error: Error::WorkerPanic {
+                    key: key.clone(),
+                    message: panic_message(payload.as_ref()),
+                },
+                key,
+            }
+        }
+    }
+}
+
+/// Fills batch `index` of the plan into `buf`, all samples in parallel.
+fn fill(
+    shared: &Shared,
+    plan: &Plan,
+    index: usize,
+    epoch: u64,
+    mut buf: HostBuf,
+    cancel: &AtomicBool,
+) -> Filled {
+    let indices = &plan.order[plan.batches[index].clone()];
+    let slot_len = shared.transform.slot_len();
+    let outcomes: Vec<Outcome> = buf
+        .slots(indices.len(), slot_len)
+        .into_par_iter()
+        .zip(indices.par_iter())
+        .map(|(slot, &i)| process(shared, epoch, i, slot, cancel))
+        .collect();
+    if cancel.load(Ordering::Relaxed) {
+        shared.pool.release(Some(buf));
+        return Filled {
+            index,
+            result: None,
+        };
+    }
+    let mut batch = HostBatch {
+        buf,
+        labels: Vec::with_capacity(indices.len()),
+        keys: Vec::with_capacity(indices.len()),
+        indices: Vec::with_capacity(indices.len()),
+        skipped: Vec::new(),
+    };
+    for (slot, (outcome, &source_index)) in outcomes.into_iter().zip(indices).enumerate() {
+        match outcome {
+            Outcome::Ok { key, label } => {
+                let kept = batch.keys.len();
+                if kept != slot {
+                    batch.buf.move_slot(slot, kept, slot_len);
+                }
+                batch.keys.push(key);
+                batch.labels.push(label);
+                batch.indices.push(source_index);
+            }
+            Outcome::Failed { key, error } => match shared.bad_samples {
+                BadSamples::Fail => {
+                    shared.pool.release(Some(batch.buf));
+                    return Filled {
+                        index,
+                        result: Some(Err(error)),
+                    };
+                }
+                BadSamples::Skip => {
+                    shared.counters.skipped(key.clone());
+                    batch.skipped.push(Skipped { key, error });
+                }
+            },
+            Outcome::Cancelled => {
+                // Cancel was set after this batch's check above; unreachable
+                // in practice, handled the same way.
+                shared.pool.release(Some(batch.buf));
+                return Filled {
+                    index,
+                    result: None,
+                };
+            }
+        }
+    }
+    Filled {
+        index,
+        result: Some(Ok(batch)),
+    }
+}
+
+/// The uploader's view of the running epoch.
+struct Running {
+    out: Option<Sender<Result<Batch>>>,
+    cancel: Arc<AtomicBool>,
+    next: usize,
+    pending: BTreeMap<usize, Option<Result<HostBatch>>>,
+    received: usize,
+    dispatched: Option<usize>,
+}
+
+/// The uploader thread: reorder, upload, hand over.
+fn upload_loop(shared: &Shared, done: &Receiver<Msg>, ack: &Sender<()>) {
+    let mut running: Option<Running> = None;
+    for msg in done {
+        match msg {
+            Msg::Begin { out, first, cancel } => {
+                running = Some(Running {
+                    out: Some(out),
+                    cancel,
+                    next: first,
+                    pending: BTreeMap::new(),
+                    received: 0,
+                    dispatched: None,
+                });
+            }
+            Msg::Done(filled) => {
+                if let Some(r) = running.as_mut() {
+                    r.received += 1;
+                    r.pending.insert(filled.index, filled.result);
+                    flush(shared, r);
+                }
+            }
+            Msg::End { dispatched } => {
+                if let Some(r) = running.as_mut() {
+                    r.dispatched = Some(dispatched);
+                }
+            }
+        }
+        if running
+            .as_ref()
+            .is_some_and(|r| r.dispatched == Some(r.received))
+        {
+            // Dropping the epoch's sender ends its channel after the last batch.
+            running = None;
+            let _ = ack.send(());
+        }
+    }
+}
+
+/// Hands over every batch that is next in order.
+fn flush(shared: &Shared, r: &mut Running) {
+    while let Some(result) = r.pending.remove(&r.next) {
+        let index = r.next;
+        r.next += 1;
+        let live = r.out.is_some() && !r.cancel.load(Ordering::Relaxed);
+        let item = match result {
+            None => {
+                shared.counters.batch_dropped();
+                continue;
+            }
+            Some(Err(e)) => {
+                shared.counters.batch_dropped();
+                Err(e)
+            }
+            Some(Ok(host)) if !live => {
+                shared.pool.release(Some(host.buf));
+                shared.counters.batch_dropped();
+                continue;
+            }
+            Some(Ok(host)) => {
+                let t = Instant::now();
+                let n = host.keys.len();
+                let t_ = &shared.transform;
+                match upload(
+                    &shared.device,
+                    host.buf,
+                    host.labels,
+                    n,
+                    t_.size(),
+                    t_.output(),
+                ) {
+                    Ok(up) => {
+                        shared.pool.release(up.reusable);
+                        shared.counters.batch_uploaded(t.elapsed());
+                        Ok(Batch {
+                            images: up.images,
+                            labels: up.labels,
+                            keys: host.keys,
+                            indices: host.indices,
+                            index,
+                            skipped: host.skipped,
+                        })
+                    }
+                    Err(e) => {
+                        shared.pool.release(None);
+                        shared.counters.batch_dropped();
+                        Err(e)
+                    }
+                }
+            }
+        };
+        if let Some(out) = &r.out {
+            if out.send(item).is_err() {
+                r.out = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The fixed pool of host batch buffers: the loader's memory bound.
+//!
+//! At most `capacity` buffers exist between the dispatcher and the uploader;
+//! the dispatcher blocks in [`Pool::acquire`] when all are out, which stops
+//! decode work from running ahead of the consumer. A buffer is allocated the
+//! first time a permit is used without a free buffer, then reused. Where the
+//! uploader hands a buffer to the device tensor without copying (the CPU),
+//! it returns only the permit and the next acquire allocates afresh.
+
+use crate::transform::{Output, Slot};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// The storage of one batch's images.
+#[derive(Debug)]
+pub(crate) enum HostBuf {
+    U8(Vec<u8>),
+    F32(Vec<f32>),
+}
+
+impl HostBuf {
+    /// The slot of sample `i` in a buffer of `slot_len`-element slots.
+    #[cfg(test)]
+    pub(crate) fn slot(&mut self, i: usize, slot_len: usize) -> Slot<'_> {
+        let r = i * slot_len..(i + 1) * slot_len;
+        match self {
+            HostBuf::U8(v) => Slot::U8(&mut v[r]),
+            HostBuf::F32(v) => Slot::F32(&mut v[r]),
+        }
+    }
+
+    /// The first `n` slots, one per sample, for parallel filling.
+    pub(crate) fn slots(&mut self, n: usize, slot_len: usize) -> Vec<Slot<'_>> {
+        match self {
+            HostBuf::U8(v) => v[..n * slot_len]
+                .chunks_exact_mut(slot_len)
+                .map(Slot::U8)
+                .collect(),
+            HostBuf::F32(v) => v[..n * slot_len]
+                .chunks_exact_mut(slot_len)
+                .map(Slot::F32)
+                .collect(),
+        }
+    }
+
+    /// Moves slot `from` to slot `to` (`to < from`), closing a gap left by a
+    /// skipped sample.
+    pub(crate) fn move_slot(&mut self, from: usize, to: usize, slot_len: usize) {
+        let src = from * slot_len..(from + 1) * slot_len;
+        match self {
+            HostBuf::U8(v) => v.copy_within(src, to * slot_len),
+            HostBuf::F32(v) => v.copy_within(src, to * slot_len),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    free: Vec<HostBuf>,
+    out: usize,
+}
+
+/// A bounded set of batch buffers of one size and element type.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    capacity: usize,
+    elems: usize,
+    output: Output,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Pool {
+    /// A pool of `capacity` buffers of `elems` elements each.
+    pub(crate) fn new(capacity: usize, elems: usize, output: Output) -> Self {
+        Self {
+            capacity,
+            elems,
+            output,
+            state: Mutex::new(State {
+                free: Vec::with_capacity(capacity),
+                out: 0,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent under a panic (two plain updates), so a
+        // poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a buffer, blocking while all are out. Returns `None` once
+    /// `cancel` is set (call [`Pool::wake`] after setting it).
+    pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Option<HostBuf> {
+        let mut st = self.lock();
+        loop {
+            if cancel.load(Ordering::Acquire) {
+                return None;
+            }
+            if st.out < self.capacity {
+                st.out += 1;
+                return Some(st.free.pop().unwrap_or_else(|| match self.output {
+                    Output::U8Nhwc => HostBuf::U8(vec![0; self.elems]),
+                    Output::F32Nchw { .. } => HostBuf::F32(vec![0.0; self.elems]),
+                }));
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Gives a permit back, with its buffer when the buffer can be reused.
+    pub(crate) fn release(&self, buf: Option<HostBuf>) {
+        let mut st = self.lock();
+        st.out = st.out.saturating_sub(1);
+        if let Some(b) = buf {
+            st.free.push(b);
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Wakes every blocked `acquire` so it can see a cancel flag.
+    pub(crate) fn wake(&self) {
+        let _guard = self.lock();
+        self.cv.notify_all();
+    }
+
+    /// Buffers currently out of the pool.
+    #[cfg(test)]
+    pub(crate) fn out(&self) -> usize {
+        self.lock().out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn blocks_at_capacity_and_reuses_buffers() {
+        let pool = Arc::new(Pool::new(2, 4, Output::U8Nhwc));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut a = pool.acquire(&cancel).unwrap();
+        if let Slot::U8(s) = a.slot(0, 4) {
+            s[0] = 9;
+        }
+        let _b = pool.acquire(&cancel).unwrap();
+        let (p, c) = (pool.clone(), cancel.clone());
+        let waiter = std::thread::spawn(move || p.acquire(&c));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "third acquire must block");
+        pool.release(Some(a));
+        let reused = waiter.join().unwrap().unwrap();
+        assert!(matches!(&reused, HostBuf::U8(v) if v[0] == 9));
+        assert_eq!(pool.out(), 2);
+    }
+
+    #[test]
+    fn cancel_unblocks_acquire() {
+        let pool = Arc::new(Pool::new(1, 4, Output::U8Nhwc));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let _a = pool.acquire(&cancel).unwrap();
+        let (p, c) = (pool.clone(), cancel.clone());
+        let waiter = std::thread::spawn(move || p.acquire(&c));
+        std::thread::sleep(Duration::from_millis(20));
+        cancel.store(true, Ordering::Release);
+        pool.wake();
+        assert!(waiter.join().unwrap().is_none());
+    }
+}

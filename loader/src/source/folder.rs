@@ -1,0 +1,191 @@
+//! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
+
+use super::{check_index, is_image_path, read_file, Record, Source};
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// A dataset laid out as `root/<class>/<file>`, like torchvision's
+/// `ImageFolder`.
+///
+/// - The class folders, sorted by name, give the label indices `0..n`.
+/// - Files are found recursively inside each class folder, in sorted order.
+/// - Only image extensions (`jpg`, `jpeg`, `png`, `webp`, `bmp`, in any case)
+///   count; hidden files and folders (names starting with `.`) and other
+///   files are ignored.
+/// - A class folder with no image is an error, as in torchvision.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    root: PathBuf,
+    classes: Vec<String>,
+    samples: Vec<(PathBuf, u32)>,
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'))
+}
+
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
+    let io = |source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if !is_hidden(&path) {
+            entries.push(path);
+        }
+    }
+    entries.sort();
+    Ok(entries)
+}
+
+fn collect_images(dir: &Path, label: u32, out: &mut Vec<(PathBuf, u32)>) -> Result<()> {
+    for path in sorted_entries(dir)? {
+        // `metadata` follows symlinks, as torchvision's `os.walk(followlinks=True)`.
+        let meta = std::fs::metadata(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if meta.is_dir() {
+            collect_images(&path, label, out)?;
+        } else if meta.is_file() && is_image_path(&path) {
+            out.push((path, label));
+        }
+    }
+    Ok(())
+}
+
+impl ImageFolder {
+    /// Lists `root`. Fails if `root` is not a folder, has no class folder, or
+    /// a class folder has no image.
+    pub fn new(root: impl AsRef<Path>) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        if !root.is_dir() {
+            return Err(Error::Dataset {
+                path: root,
+                reason: "not a folder".into(),
+            });
+        }
+        let mut classes = Vec::new();
+        let mut samples = Vec::new();
+        for path in sorted_entries(&root)? {
+            if !path.is_dir() {
+                continue;
+            }
+            let label = u32::try_from(classes.len()).map_err(|_| Error::Dataset {
+                path: root.clone(),
+                reason: "more than 2^32 classes".into(),
+            })?;
+            let before = samples.len();
+            collect_images(&path, label, &mut samples)?;
+            if samples.len() == before {
+                return Err(Error::Dataset {
+                    path,
+                    reason: "class folder holds no image (jpg, jpeg, png, webp, bmp)".into(),
+                });
+            }
+            classes.push(
+                path.file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            );
+        }
+        if classes.is_empty() {
+            return Err(Error::Dataset {
+                path: root,
+                reason: "no class folders: expected root/<class>/<image>".into(),
+            });
+        }
+        Ok(Self {
+            root,
+            classes,
+            samples,
+        })
+    }
+
+    /// The class names, sorted; a label is an index into this list.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// The folder this dataset was listed from.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Every sample's path and label, in index order.
+    pub fn samples(&self) -> &[(PathBuf, u32)] {
+        &self.samples
+    }
+}
+
+impl Source for ImageFolder {
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        check_index(index, self.samples.len())?;
+        let (path, label) = &self.samples[index];
+        Ok(Record {
+            key: path.display().to_string(),
+            bytes: read_file(path)?,
+            label: *label,
+        })
+    }
+
+    fn key(&self, index: usize) -> String {
+        self.samples
+            .get(index)
+            .map_or_else(|| format!("#{index}"), |(p, _)| p.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_classes_sorted_and_skips_hidden_and_non_images() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        for (class, files) in [
+            ("dog", &["b.JPG", "a.png", ".hidden.jpg", "notes.txt"][..]),
+            ("cat", &["z.jpeg", "sub/y.jpg"][..]),
+            (".git", &["x.jpg"][..]),
+        ] {
+            for f in files {
+                let p = r.join(class).join(f);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, b"x").unwrap();
+            }
+        }
+        std::fs::write(r.join("README.jpg"), b"x").unwrap();
+        let ds = ImageFolder::new(r).unwrap();
+        assert_eq!(ds.classes(), ["cat", "dog"]);
+        let names: Vec<_> = ds
+            .samples()
+            .iter()
+            .map(|(p, l)| (p.strip_prefix(r).unwrap().to_path_buf(), *l))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (PathBuf::from("cat/sub/y.jpg"), 0),
+                (PathBuf::from("cat/z.jpeg"), 0),
+                (PathBuf::from("dog/a.png"), 1),
+                (PathBuf::from("dog/b.JPG"), 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_class_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+        let err = ImageFolder::new(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("empty"), "{err}");
+    }
+}

@@ -1,0 +1,120 @@
+//! Where samples come from: random-access sources of encoded records.
+
+mod folder;
+mod list;
+mod memory;
+
+pub use folder::ImageFolder;
+pub use list::FileList;
+pub use memory::MemorySource;
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// One sample as a source stores it: a key, the encoded bytes and a label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// A name for the sample that a user can find it by: the file's path for
+    /// file-backed sources.
+    pub key: String,
+    /// The encoded image (JPEG, PNG, ...).
+    pub bytes: Vec<u8>,
+    /// The class index.
+    pub label: u32,
+}
+
+/// A random-access dataset of encoded records.
+///
+/// `read` is called concurrently from the decode workers, so a source is
+/// `Send + Sync` and reads through `&self`.
+pub trait Source: Send + Sync + 'static {
+    /// Number of samples.
+    fn len(&self) -> usize;
+
+    /// Whether the source has no samples.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads sample `index` (`0..len()`).
+    ///
+    /// A file that is missing, unreadable or empty gives an error naming it.
+    fn read(&self, index: usize) -> Result<Record>;
+
+    /// The key of sample `index` without reading its bytes, used to name a
+    /// sample in errors before it was read. Defaults to `"#index"`.
+    fn key(&self, index: usize) -> String {
+        format!("#{index}")
+    }
+}
+
+impl<S: Source + ?Sized> Source for std::sync::Arc<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn read(&self, index: usize) -> Result<Record> {
+        (**self).read(index)
+    }
+    fn key(&self, index: usize) -> String {
+        (**self).key(index)
+    }
+}
+
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn read(&self, index: usize) -> Result<Record> {
+        (**self).read(index)
+    }
+    fn key(&self, index: usize) -> String {
+        (**self).key(index)
+    }
+}
+
+/// File extensions (lower case) that the file-backed sources treat as images.
+pub(crate) const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp"];
+
+/// Whether `path` has one of [`IMAGE_EXTENSIONS`], matched case-insensitively.
+pub(crate) fn is_image_path(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
+}
+
+/// Reads a whole sample file, naming it on failure.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.is_empty() {
+        return Err(Error::EmptyFile {
+            key: path.display().to_string(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Checks `index` against `len`.
+pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
+    if index < len {
+        Ok(())
+    } else {
+        Err(Error::IndexOutOfRange { index, len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_extensions_match_case_insensitively() {
+        assert!(is_image_path(Path::new("a/b.JPG")));
+        assert!(is_image_path(Path::new("a/b.jpeg")));
+        assert!(is_image_path(Path::new("b.Png")));
+        assert!(!is_image_path(Path::new("b.txt")));
+        assert!(!is_image_path(Path::new("jpg")));
+    }
+}

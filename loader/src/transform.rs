@@ -1,0 +1,421 @@
+//! Crop, resize, flip, layout and normalize, written straight into a batch slot.
+
+use crate::decode::decode_rgb;
+use crate::error::{Error, Result};
+use crate::rng::{keyed_rng, Purpose};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use rand::Rng;
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// ImageNet's per-channel mean, on the 0..1 scale.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// ImageNet's per-channel standard deviation, on the 0..1 scale.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The geometric transforms applied to every decoded image.
+///
+/// Resizing uses an antialiased bilinear (triangle) filter whose support
+/// grows with the downscale factor, as PIL and torchvision (`antialias=True`)
+/// do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transforms {
+    /// Evaluation: resize the shorter side to `resize`, then take the
+    /// centre `image_size` crop (torchvision `Resize(resize)` +
+    /// `CenterCrop(size)`). Deterministic.
+    ResizeCenterCrop {
+        /// Length of the shorter side after resizing; at least the crop size.
+        resize: usize,
+    },
+    /// Training: torchvision's `RandomResizedCrop(size, scale, ratio)`
+    /// followed, if `flip`, by `RandomHorizontalFlip(0.5)`.
+    RandomResizedCrop {
+        /// Range of the crop's area as a fraction of the image's area.
+        scale: (f64, f64),
+        /// Range of the crop's aspect ratio (width / height).
+        ratio: (f64, f64),
+        /// Flip horizontally with probability 0.5.
+        flip: bool,
+    },
+}
+
+impl Transforms {
+    /// torchvision's training recipe: `RandomResizedCrop(scale=(0.08, 1),
+    /// ratio=(3/4, 4/3))` and a random horizontal flip.
+    pub fn train() -> Self {
+        Transforms::RandomResizedCrop {
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip: true,
+        }
+    }
+
+    /// torchvision's evaluation recipe for crop size `size`: resize the
+    /// shorter side to `round(size / 0.875)` (256 for 224), centre crop.
+    pub fn eval(size: usize) -> Self {
+        Transforms::ResizeCenterCrop {
+            resize: (size as f64 / 0.875).round() as usize,
+        }
+    }
+}
+
+/// The element type and layout of the batch images.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Output {
+    /// `u8`, shape `[batch, height, width, 3]`, values as decoded.
+    U8Nhwc,
+    /// `f32`, shape `[batch, 3, height, width]`, `(v / 255 - mean[c]) / std[c]`.
+    F32Nchw {
+        /// Per-channel mean on the 0..1 scale.
+        mean: [f32; 3],
+        /// Per-channel standard deviation on the 0..1 scale.
+        std: [f32; 3],
+    },
+}
+
+impl Output {
+    /// `f32` NCHW normalized with ImageNet's mean and std.
+    pub fn imagenet() -> Self {
+        Output::F32Nchw {
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+        }
+    }
+}
+
+/// One sample's slot in a batch buffer.
+#[derive(Debug)]
+pub enum Slot<'a> {
+    /// For [`Output::U8Nhwc`]: `height * width * 3` bytes.
+    U8(&'a mut [u8]),
+    /// For [`Output::F32Nchw`]: `3 * height * width` floats.
+    F32(&'a mut [f32]),
+}
+
+/// Time spent on one sample, by stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SampleTimes {
+    /// Decoding the encoded bytes to RGB.
+    pub decode: Duration,
+    /// Crop, resize, flip, layout and normalize.
+    pub transform: Duration,
+    /// Bytes of the decoded RGB image (`width * height * 3`).
+    pub decoded_bytes: u64,
+}
+
+/// A crop window in source pixels (fractional for the eval path).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Crop {
+    left: f64,
+    top: f64,
+    width: f64,
+    height: f64,
+}
+
+/// The per-sample function of a loader: decode, transform, write into a slot.
+///
+/// It is what the decode workers run; it is public so benchmarks and tools
+/// can run the exact same code outside the pipeline.
+#[derive(Debug, Clone)]
+pub struct ImageTransform {
+    transforms: Transforms,
+    output: Output,
+    height: usize,
+    width: usize,
+    seed: u64,
+    /// `lut[c][v]` = normalized value of byte `v` in channel `c`.
+    lut: Box<[[f32; 256]; 3]>,
+}
+
+thread_local! {
+    /// Per-thread resizer state and resize target, reused across samples.
+    static SCRATCH: RefCell<(Resizer, Vec<u8>)> = RefCell::new((Resizer::new(), Vec::new()));
+}
+
+impl ImageTransform {
+    /// A transform producing `height x width` images.
+    pub fn new(
+        transforms: Transforms,
+        output: Output,
+        height: usize,
+        width: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if height == 0 || width == 0 {
+            return Err(Error::InvalidConfig("image_size must be at least 1".into()));
+        }
+        match transforms {
+            Transforms::ResizeCenterCrop { resize } if resize < height.max(width) => {
+                return Err(Error::InvalidConfig(format!(
+                    "eval resize {resize} is smaller than the crop {height}x{width}"
+                )));
+            }
+            Transforms::RandomResizedCrop { scale, ratio, .. }
+                if !(scale.0 > 0.0
+                    && scale.0 <= scale.1
+                    && ratio.0 > 0.0
+                    && ratio.0 <= ratio.1) =>
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "random resized crop needs 0 < scale.0 <= scale.1 and 0 < ratio.0 <= ratio.1, \
+                     got scale {scale:?} ratio {ratio:?}"
+                )));
+            }
+            _ => {}
+        }
+        let mut lut = Box::new([[0f32; 256]; 3]);
+        if let Output::F32Nchw { mean, std } = output {
+            if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+                return Err(Error::InvalidConfig(format!(
+                    "normalize std must be non-zero, got {std:?}"
+                )));
+            }
+            for c in 0..3 {
+                for v in 0..256 {
+                    lut[c][v] = (v as f32 / 255.0 - mean[c]) / std[c];
+                }
+            }
+        }
+        Ok(Self {
+            transforms,
+            output,
+            height,
+            width,
+            seed,
+            lut,
+        })
+    }
+
+    /// Output height and width.
+    pub fn size(&self) -> (usize, usize) {
+        (self.height, self.width)
+    }
+
+    /// The output format.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// The geometric transforms.
+    pub fn transforms(&self) -> Transforms {
+        self.transforms
+    }
+
+    /// Elements (bytes or floats) in one sample's slot.
+    pub fn slot_len(&self) -> usize {
+        self.height * self.width * 3
+    }
+
+    /// Decodes `bytes` and writes the transformed image of sample `index` in
+    /// `epoch` into `slot`. The random draws come from `(seed, epoch, index)`
+    /// only. Errors name `key`.
+    pub fn apply(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<SampleTimes> {
+        let t0 = Instant::now();
+        let img = decode_rgb(key, bytes)?;
+        let t1 = Instant::now();
+        let (iw, ih) = (img.width() as usize, img.height() as usize);
+        let (crop, flip) = self.params(iw, ih, epoch, index);
+        let (ow, oh) = (self.width, self.height);
+        let exact = crop.width == ow as f64
+            && crop.height == oh as f64
+            && crop.left.fract() == 0.0
+            && crop.top.fract() == 0.0;
+        if exact {
+            // No resampling needed: read the window straight from the decoded image.
+            let start = (crop.top as usize * iw + crop.left as usize) * 3;
+            self.write(&img.as_raw()[start..], iw * 3, flip, slot);
+        } else {
+            SCRATCH.with(|cell| -> Result<()> {
+                let (resizer, buf) = &mut *cell.borrow_mut();
+                buf.resize(ow * oh * 3, 0);
+                let src = ImageRef::new(iw as u32, ih as u32, img.as_raw(), PixelType::U8x3)
+                    .map_err(|e| self.transform_err(key, e))?;
+                let mut dst = Image::from_slice_u8(ow as u32, oh as u32, buf, PixelType::U8x3)
+                    .map_err(|e| self.transform_err(key, e))?;
+                let opts = ResizeOptions::new()
+                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+                    .crop(crop.left, crop.top, crop.width, crop.height);
+                resizer
+                    .resize(&src, &mut dst, &opts)
+                    .map_err(|e| self.transform_err(key, e))?;
+                self.write(buf, ow * 3, flip, slot);
+                Ok(())
+            })?;
+        }
+        let t2 = Instant::now();
+        Ok(SampleTimes {
+            decode: t1 - t0,
+            transform: t2 - t1,
+            decoded_bytes: (iw * ih * 3) as u64,
+        })
+    }
+
+    fn transform_err(&self, key: &str, e: impl std::fmt::Display) -> Error {
+        Error::Transform {
+            key: key.into(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// The crop window and flip for an `iw x ih` image.
+    fn params(&self, iw: usize, ih: usize, epoch: u64, index: usize) -> (Crop, bool) {
+        let (w, h) = (iw as f64, ih as f64);
+        match self.transforms {
+            Transforms::ResizeCenterCrop { resize } => {
+                // torchvision: shorter side -> resize, longer side truncated.
+                let (nw, nh) = if iw <= ih {
+                    (resize, (resize as f64 * h / w) as usize)
+                } else {
+                    ((resize as f64 * w / h) as usize, resize)
+                };
+                let (nw, nh) = (nw.max(self.width), nh.max(self.height));
+                let left = ((nw - self.width) as f64 / 2.0).round();
+                let top = ((nh - self.height) as f64 / 2.0).round();
+                let (sx, sy) = (w / nw as f64, h / nh as f64);
+                let crop = Crop {
+                    left: left * sx,
+                    top: top * sy,
+                    width: self.width as f64 * sx,
+                    height: self.height as f64 * sy,
+                };
+                (crop, false)
+            }
+            Transforms::RandomResizedCrop { scale, ratio, flip } => {
+                let mut rng = keyed_rng(self.seed, epoch, Purpose::Sample, index as u64);
+                let crop = random_resized_crop(&mut rng, iw, ih, scale, ratio);
+                let flipped = flip && rng.random::<f64>() < 0.5;
+                (crop, flipped)
+            }
+        }
+    }
+
+    /// Writes an `height x width` RGB window whose rows start every `stride`
+    /// bytes of `src` into `slot`, flipping and converting as configured.
+    fn write(&self, src: &[u8], stride: usize, flip: bool, slot: Slot<'_>) {
+        let (w, h) = (self.width, self.height);
+        match slot {
+            Slot::U8(out) => {
+                for (y, dst) in out.chunks_exact_mut(w * 3).take(h).enumerate() {
+                    let row = &src[y * stride..y * stride + w * 3];
+                    if flip {
+                        for (d, s) in dst.chunks_exact_mut(3).zip(row.chunks_exact(3).rev()) {
+                            d.copy_from_slice(s);
+                        }
+                    } else {
+                        dst.copy_from_slice(row);
+                    }
+                }
+            }
+            Slot::F32(out) => {
+                let plane = w * h;
+                let (r, rest) = out.split_at_mut(plane);
+                let (g, b) = rest.split_at_mut(plane);
+                let lut = &*self.lut;
+                for y in 0..h {
+                    let row = &src[y * stride..y * stride + w * 3];
+                    let o = y * w;
+                    let (r, g, b) = (&mut r[o..o + w], &mut g[o..o + w], &mut b[o..o + w]);
+                    for (x, p) in row.chunks_exact(3).enumerate() {
+                        let x = if flip { w - 1 - x } else { x };
+                        r[x] = lut[0][p[0] as usize];
+                        g[x] = lut[1][p[1] as usize];
+                        b[x] = lut[2][p[2] as usize];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area
+/// and log-uniform aspect ratio, then a centre crop clamped to the ratio range.
+fn random_resized_crop(
+    rng: &mut impl Rng,
+    iw: usize,
+    ih: usize,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> Crop {
+    let (w, h) = (iw as f64, ih as f64);
+    let area = w * h;
+    let (lr0, lr1) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * uniform(rng, scale.0, scale.1);
+        let aspect = uniform(rng, lr0, lr1).exp();
+        let cw = (target * aspect).sqrt().round() as usize;
+        let ch = (target / aspect).sqrt().round() as usize;
+        if cw > 0 && cw <= iw && ch > 0 && ch <= ih {
+            let top = rng.random_range(0..=ih - ch);
+            let left = rng.random_range(0..=iw - cw);
+            return Crop {
+                left: left as f64,
+                top: top as f64,
+                width: cw as f64,
+                height: ch as f64,
+            };
+        }
+    }
+    let in_ratio = w / h;
+    let (cw, ch) = if in_ratio < ratio.0 {
+        (iw, ((w / ratio.0).round() as usize).clamp(1, ih))
+    } else if in_ratio > ratio.1 {
+        (((h * ratio.1).round() as usize).clamp(1, iw), ih)
+    } else {
+        (iw, ih)
+    };
+    Crop {
+        left: ((iw - cw) / 2) as f64,
+        top: ((ih - ch) / 2) as f64,
+        width: cw as f64,
+        height: ch as f64,
+    }
+}
+
+fn uniform(rng: &mut impl Rng, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.random::<f64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_resized_crop_stays_inside_and_in_range() {
+        let mut rng = keyed_rng(1, 0, Purpose::Sample, 0);
+        for (iw, ih) in [(400, 350), (50, 500), (500, 40), (1, 1), (3, 200)] {
+            for _ in 0..200 {
+                let c = random_resized_crop(&mut rng, iw, ih, (0.08, 1.0), (0.75, 4.0 / 3.0));
+                assert!(c.width >= 1.0 && c.height >= 1.0);
+                assert!(c.left + c.width <= iw as f64 && c.top + c.height <= ih as f64);
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected() {
+        let t = |tr, o| ImageTransform::new(tr, o, 32, 32, 0);
+        assert!(t(Transforms::ResizeCenterCrop { resize: 16 }, Output::U8Nhwc).is_err());
+        assert!(t(
+            Transforms::RandomResizedCrop {
+                scale: (0.0, 1.0),
+                ratio: (1.0, 1.0),
+                flip: false
+            },
+            Output::U8Nhwc
+        )
+        .is_err());
+        let bad = Output::F32Nchw {
+            mean: [0.0; 3],
+            std: [1.0, 0.0, 1.0],
+        };
+        assert!(t(Transforms::eval(32), bad).is_err());
+    }
+}
