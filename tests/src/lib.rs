@@ -1,1 +1,58 @@
-//! x
+//! Helpers for wick's integration tests: datasets generated on the fly.
+
+use image::{ImageFormat, Rgb, RgbImage};
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+/// An RGB image whose pixels depend on `(x, y, seed)` in a way that JPEG
+/// keeps distinct: smooth gradients plus a seed-dependent colour cast.
+pub fn pattern(width: u32, height: u32, seed: u32) -> RgbImage {
+    RgbImage::from_fn(width, height, |x, y| {
+        Rgb([
+            ((x * 255 / width.max(1)) as u8).wrapping_add((seed * 37) as u8),
+            ((y * 255 / height.max(1)) as u8).wrapping_add((seed * 91) as u8),
+            (((x + y) * 3) as u8).wrapping_add((seed * 13) as u8),
+        ])
+    })
+}
+
+/// `img` encoded as `format`.
+pub fn encode(img: &RgbImage, format: ImageFormat) -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    img.write_to(&mut out, format).expect("encode test image");
+    out.into_inner()
+}
+
+/// Writes an ImageFolder under `root`: `classes` folders `class{c}` with
+/// `per_class` images each, JPEG and PNG alternating, sizes varying from
+/// 30x26 upwards. Returns the paths written, in ImageFolder order.
+pub fn image_folder(root: &Path, classes: usize, per_class: usize) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for c in 0..classes {
+        let dir = root.join(format!("class{c}"));
+        std::fs::create_dir_all(&dir).expect("create class folder");
+        for i in 0..per_class {
+            let seed = (c * per_class + i) as u32;
+            let img = pattern(30 + (seed % 7) * 5, 26 + (seed % 5) * 6, seed);
+            let (ext, fmt) = if i % 2 == 0 {
+                ("jpg", ImageFormat::Jpeg)
+            } else {
+                ("png", ImageFormat::Png)
+            };
+            let path = dir.join(format!("{i:04}.{ext}"));
+            std::fs::write(&path, encode(&img, fmt)).expect("write test image");
+            paths.push(path);
+        }
+    }
+    paths
+}
+
+/// Names of this process's threads (Linux; empty elsewhere).
+pub fn thread_names() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}

@@ -1,0 +1,112 @@
+//! A corrupt, an empty and a missing file: an error naming the file under
+//! `fail`; counted and skipped under `skip` with every other sample delivered.
+
+use candle_wick::{BadSamples, FileList, Loader};
+use std::collections::HashSet;
+use std::path::Path;
+use tests::{encode, pattern};
+
+/// A file list of 12 good images plus a corrupt, an empty and a missing one.
+fn dataset(dir: &Path) -> std::path::PathBuf {
+    let mut lines = String::from("path,label\n");
+    for i in 0..12 {
+        let name = format!("good{i}.png");
+        let img = encode(&pattern(20, 20, i), image::ImageFormat::Png);
+        std::fs::write(dir.join(&name), img).unwrap();
+        lines += &format!("{name},{}\n", i % 2);
+        if i == 3 {
+            let mut jpeg = encode(&pattern(20, 20, 99), image::ImageFormat::Jpeg);
+            jpeg.truncate(jpeg.len() / 3);
+            jpeg[40..60].fill(0xAB);
+            std::fs::write(dir.join("corrupt.jpg"), jpeg).unwrap();
+            lines += "corrupt.jpg,0\n";
+        }
+        if i == 6 {
+            std::fs::write(dir.join("empty.jpg"), b"").unwrap();
+            lines += "empty.jpg,1\n";
+        }
+        if i == 9 {
+            lines += "missing.jpg,1\n";
+        }
+    }
+    let list = dir.join("list.csv");
+    std::fs::write(&list, lines).unwrap();
+    list
+}
+
+#[test]
+fn fail_policy_names_each_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dataset(dir.path());
+    let mut loader = Loader::builder(FileList::new(&list).unwrap())
+        .batch_size(1)
+        .image_size(16)
+        .build()
+        .unwrap();
+    let mut errors = Vec::new();
+    let mut good = 0;
+    let epoch = loader.epoch(0);
+    assert_eq!(epoch.len(), 15);
+    for b in epoch {
+        match b {
+            Ok(b) => good += b.len(),
+            Err(e) => errors.push(format!("{e} ({})", error_chain(&e))),
+        }
+    }
+    assert_eq!(good, 12);
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors[0].contains("corrupt.jpg"), "{}", errors[0]);
+    assert!(errors[1].contains("empty.jpg"), "{}", errors[1]);
+    assert!(errors[2].contains("missing.jpg"), "{}", errors[2]);
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s += &format!("{c}; ");
+        cur = c.source();
+    }
+    s
+}
+
+#[test]
+fn skip_policy_counts_and_lists_bad_files_and_delivers_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dataset(dir.path());
+    let mut loader = Loader::builder(FileList::new(&list).unwrap())
+        .batch_size(4)
+        .image_size(16)
+        .workers(2)
+        .bad_samples(BadSamples::Skip)
+        .build()
+        .unwrap();
+    let mut keys = HashSet::new();
+    let mut skipped = Vec::new();
+    let epoch = loader.epoch(0);
+    assert_eq!(epoch.len(), 4);
+    for b in epoch {
+        let b = b.unwrap();
+        assert_eq!(b.images.dims()[0], b.len());
+        assert_eq!(b.labels.dims(), [b.len()]);
+        keys.extend(b.keys);
+        skipped.extend(b.skipped.into_iter().map(|s| s.key));
+    }
+    assert_eq!(keys.len(), 12);
+    assert!(keys.iter().all(|k| k.contains("good")));
+    let names: Vec<_> = skipped
+        .iter()
+        .map(|k| {
+            Path::new(k)
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, ["corrupt.jpg", "empty.jpg", "missing.jpg"]);
+    let stats = loader.stats();
+    assert_eq!(stats.skipped.len(), 3);
+    assert_eq!(stats.samples, 12);
+}

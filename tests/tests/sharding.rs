@@ -1,0 +1,63 @@
+//! Shards across ranks are disjoint, cover the epoch and have equal batch counts.
+
+use candle_wick::{Loader, MemorySource, Record};
+use std::collections::HashSet;
+use tests::{encode, pattern};
+
+fn source(n: usize) -> MemorySource {
+    let png = encode(&pattern(8, 8, 0), image::ImageFormat::Png);
+    (0..n)
+        .map(|i| Record {
+            key: format!("s{i}"),
+            bytes: png.clone(),
+            label: (i % 3) as u32,
+        })
+        .collect()
+}
+
+#[test]
+fn shards_are_disjoint_cover_the_epoch_and_have_equal_batch_counts() {
+    for n in [37, 40, 41, 9] {
+        for world_size in 1..=4 {
+            for drop_last in [false, true] {
+                let mut seen = HashSet::new();
+                let mut counts = Vec::new();
+                for rank in 0..world_size {
+                    let mut loader = Loader::builder(source(n))
+                        .batch_size(4)
+                        .image_size(8)
+                        .shuffle(5)
+                        .drop_last(drop_last)
+                        .shard(rank, world_size)
+                        .workers(1)
+                        .build()
+                        .unwrap();
+                    let mut batches = 0;
+                    for b in loader.epoch(1) {
+                        let b = b.unwrap();
+                        assert!(!b.is_empty() && b.len() <= 4);
+                        for i in b.indices {
+                            assert!(seen.insert(i), "n {n} ws {world_size}: {i} twice");
+                        }
+                        batches += 1;
+                    }
+                    counts.push(batches);
+                }
+                assert!(
+                    counts.windows(2).all(|w| w[0] == w[1]),
+                    "n {n} ws {world_size}: {counts:?}"
+                );
+                let expect = if drop_last {
+                    n / (4 * world_size) * 4 * world_size
+                } else {
+                    n
+                };
+                assert_eq!(
+                    seen.len(),
+                    expect,
+                    "n {n} ws {world_size} drop_last {drop_last}"
+                );
+            }
+        }
+    }
+}
