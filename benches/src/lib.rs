@@ -1,1 +1,90 @@
-//! x
+//! Datasets for wick's benchmarks, generated on the fly and cached on disk.
+
+use image::{codecs::jpeg::JpegEncoder, Rgb, RgbImage};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// One "photo-like" image: a smooth four-corner colour field, a dozen
+/// overlapping ellipses and rectangles with soft shading, and sensor-like
+/// noise, so JPEG size and decode cost resemble a downscaled ImageNet photo
+/// rather than a flat synthetic frame.
+pub fn photo_like(width: u32, height: u32, seed: u64) -> RgbImage {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let corners: [[f32; 3]; 4] =
+        std::array::from_fn(|_| std::array::from_fn(|_| rng.random_range(20.0..235.0)));
+    let shapes: Vec<(bool, f32, f32, f32, f32, [f32; 3])> = (0..rng.random_range(6..14))
+        .map(|_| {
+            (
+                rng.random_bool(0.5),
+                rng.random_range(0.0..width as f32),
+                rng.random_range(0.0..height as f32),
+                rng.random_range(10.0..width as f32 / 3.0),
+                rng.random_range(10.0..height as f32 / 3.0),
+                std::array::from_fn(|_| rng.random_range(0.0..255.0)),
+            )
+        })
+        .collect();
+    let mut img = RgbImage::new(width, height);
+    for (x, y, p) in img.enumerate_pixels_mut() {
+        let (u, v) = (x as f32 / width as f32, y as f32 / height as f32);
+        let mut c: [f32; 3] = std::array::from_fn(|i| {
+            corners[0][i] * (1.0 - u) * (1.0 - v)
+                + corners[1][i] * u * (1.0 - v)
+                + corners[2][i] * (1.0 - u) * v
+                + corners[3][i] * u * v
+        });
+        for &(ellipse, cx, cy, rx, ry, col) in &shapes {
+            let (dx, dy) = ((x as f32 - cx) / rx, (y as f32 - cy) / ry);
+            let inside = if ellipse {
+                dx * dx + dy * dy <= 1.0
+            } else {
+                dx.abs() <= 1.0 && dy.abs() <= 1.0
+            };
+            if inside {
+                let shade = 0.75 + 0.25 * (dx * 0.7 + dy * 0.3);
+                c = std::array::from_fn(|i| col[i] * shade);
+            }
+        }
+        let noise = rng.random_range(-6.0..6.0f32);
+        *p = Rgb(c.map(|v| (v + noise + rng.random_range(-3.0..3.0f32)).clamp(0.0, 255.0) as u8));
+    }
+    img
+}
+
+/// An ImageFolder of `count` photo-like JPEGs (quality 90) in 10 classes,
+/// sizes around 400x350 (300..500 x 250..450), under `root`. Written once;
+/// a marker file makes later calls free.
+pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
+    let dir = root.join(format!("imagenet-like-{count}"));
+    let marker = dir.join(".complete");
+    if marker.exists() {
+        return Ok(dir);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    for c in 0..10 {
+        std::fs::create_dir_all(dir.join(format!("n{c:02}")))?;
+    }
+    (0..count)
+        .into_par_iter()
+        .try_for_each(|i| -> std::io::Result<()> {
+            let mut rng = ChaCha8Rng::seed_from_u64(i as u64);
+            let (w, h) = (rng.random_range(300..=500), rng.random_range(250..=450));
+            let img = photo_like(w, h, i as u64 + 1_000_000);
+            let path = dir.join(format!("n{:02}/{i:05}.jpg", i % 10));
+            let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+            JpegEncoder::new_with_quality(file, 90)
+                .encode_image(&img)
+                .map_err(std::io::Error::other)
+        })?;
+    std::fs::write(marker, b"")?;
+    Ok(dir)
+}
+
+/// Where benchmark datasets are cached: `target/bench-data` of the workspace.
+pub fn data_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data")
+}
