@@ -18,7 +18,7 @@ pub(crate) fn decode_rgb(key: &str, bytes: &[u8]) -> Result<RgbImage> {
     }
     let err = |source| Error::Decode {
         key: key.into(),
-        source,
+        source: Box::new(source),
     };
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()

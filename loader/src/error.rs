@@ -56,9 +56,9 @@ pub enum Error {
     Decode {
         /// The sample's key (its path for file-backed sources).
         key: String,
-        /// The decoder's error.
+        /// The decoder's error (boxed: it is large and rare).
         #[source]
-        source: image::ImageError,
+        source: Box<image::ImageError>,
     },
 
     /// Resizing a decoded sample failed (for example a zero-sized image).

@@ -23,9 +23,9 @@ use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -333,8 +333,8 @@ struct EpochCmd {
     out: Sender<Result<Batch>>,
 }
 
-/// Counts decode threads that have exited, to join the rayon pool.
-type ExitCount = Arc<(Mutex<usize>, Condvar)>;
+/// Join handles of the decode pool's threads.
+type DecodeThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 /// A parallel, prefetching loader of image batches. See the crate docs.
 #[derive(Debug)]
@@ -345,7 +345,7 @@ pub struct Loader {
     ack: Receiver<()>,
     threads: Vec<JoinHandle<()>>,
     decode_pool: Option<Arc<rayon::ThreadPool>>,
-    exited: ExitCount,
+    decode_threads: DecodeThreads,
     workers: usize,
     prefetch: usize,
 }
@@ -394,15 +394,21 @@ impl Loader {
         in_flight: usize,
         prefetch: usize,
     ) -> Result<Self> {
-        let exited: ExitCount = Arc::default();
-        let on_exit = exited.clone();
+        // Spawning the pool's threads ourselves keeps their handles, so
+        // dropping the loader can join them (rayon's own drop does not wait).
+        let handles: DecodeThreads = Arc::default();
+        let spawned = handles.clone();
         let decode_pool = rayon::ThreadPoolBuilder::new()
             .num_threads(workers)
-            .thread_name(|i| format!("wick-decode-{i}"))
-            .exit_handler(move |_| {
-                let (count, cv) = &*on_exit;
-                *count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                cv.notify_all();
+            .spawn_handler(move |thread| {
+                let handle = std::thread::Builder::new()
+                    .name(format!("wick-decode-{}", thread.index()))
+                    .spawn(|| thread.run())?;
+                spawned
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(handle);
+                Ok(())
             })
             .build()
             .map_err(Error::ThreadPool)?;
@@ -418,7 +424,7 @@ impl Loader {
             ack: ack_rx,
             threads: Vec::new(),
             decode_pool: Some(decode_pool.clone()),
-            exited,
+            decode_threads: handles,
             workers,
             prefetch,
         };
@@ -516,19 +522,17 @@ impl Drop for Loader {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // The feeder held the other reference to the pool; dropping the
+        // last one tells its threads to exit once idle.
         self.decode_pool.take();
-        let (count, cv) = &*self.exited;
-        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while *n < self.workers {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            n = cv
-                .wait_timeout(n, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let handles = std::mem::take(
+            &mut *self
+                .decode_threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for t in handles {
+            let _ = t.join();
         }
     }
 }

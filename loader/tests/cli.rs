@@ -1,0 +1,69 @@
+//! `wick bench` runs over an ImageFolder and a file list and reports JSON.
+#![cfg(feature = "cli")]
+
+use image::{ImageFormat, Rgb, RgbImage};
+use std::process::Command;
+
+fn write_png(path: &std::path::Path, shade: u8) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    RgbImage::from_pixel(20, 18, Rgb([shade, 10, 200]))
+        .save_with_format(path, ImageFormat::Png)
+        .unwrap();
+}
+
+fn bench_json(data: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .arg("bench")
+        .arg(data)
+        .args([
+            "--batch-size",
+            "4",
+            "--image-size",
+            "16",
+            "--epochs",
+            "2",
+            "--workers",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_reports_throughput_for_a_folder_and_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut list = String::new();
+    for i in 0..10u8 {
+        let rel = format!("c{}/{i}.png", i % 2);
+        write_png(&dir.path().join("folder").join(&rel), i * 20);
+        list += &format!("folder/{rel},{}\n", i % 2);
+    }
+    let list_path = dir.path().join("list.csv");
+    std::fs::write(&list_path, list).unwrap();
+
+    for data in [dir.path().join("folder"), list_path] {
+        let r = bench_json(&data);
+        assert_eq!(r["samples"], 10, "{r}");
+        assert_eq!(r["epoch_images_per_sec"].as_array().unwrap().len(), 2);
+        assert!(r["median_images_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["decoded_mb_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+#[test]
+fn bench_names_a_missing_dataset() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args(["bench", "/nonexistent/wick-data.csv"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/wick-data.csv"), "{err}");
+}
