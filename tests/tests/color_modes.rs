@@ -24,7 +24,11 @@ fn decode(name: &str, size: usize) -> Vec<u8> {
 fn cmyk_jpeg_becomes_rgb() {
     let out = decode("cmyk.jpg", 16);
     let px = |x: usize, y: usize| &out[(y * 16 + x) * 3..][..3];
-    let close = |got: &[u8], want: [u8; 3]| got.iter().zip(want).all(|(&g, w)| (g as i32 - w as i32).abs() <= 16);
+    let close = |got: &[u8], want: [u8; 3]| {
+        got.iter()
+            .zip(want)
+            .all(|(&g, w)| (g as i32 - w as i32).abs() <= 16)
+    };
     assert!(close(px(2, 2), [255, 0, 0]), "left {:?}", px(2, 2));
     assert!(close(px(13, 13), [0, 255, 0]), "right {:?}", px(13, 13));
 }
@@ -34,7 +38,11 @@ fn palette_png_becomes_rgb() {
     let out = decode("palette.png", 4);
     for y in 0..4 {
         for x in 0..4 {
-            let want = if (x + y) % 2 == 0 { [10, 20, 30] } else { [200, 100, 50] };
+            let want = if (x + y) % 2 == 0 {
+                [10, 20, 30]
+            } else {
+                [200, 100, 50]
+            };
             assert_eq!(&out[(y * 4 + x) * 3..][..3], &want, "at {x},{y}");
         }
     }

@@ -82,12 +82,37 @@ pub(crate) fn is_image_path(path: &Path) -> bool {
         .is_some_and(|e| IMAGE_EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
 }
 
+/// Largest sample file a file-backed source reads (512 MiB): a larger one
+/// is an error rather than an allocation of its size.
+pub(crate) const MAX_FILE_BYTES: u64 = 512 << 20;
+
 /// Reads a whole sample file, naming it on failure.
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+    let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len > MAX_FILE_BYTES {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("sample file is {len} bytes, over the {MAX_FILE_BYTES}-byte limit"),
+        });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // `take` bounds the read even if the file grows after the size check.
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, MAX_FILE_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(io)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("sample file grew over the {MAX_FILE_BYTES}-byte limit while read"),
+        });
+    }
     if bytes.is_empty() {
         return Err(Error::EmptyFile {
             key: path.display().to_string(),
