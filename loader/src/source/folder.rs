@@ -1,6 +1,6 @@
 //! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
 
-use super::{check_index, is_image_path, read_file, Record, Source};
+use super::{is_image_path, labeled_key, read_labeled, Record, Source};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -127,19 +127,11 @@ impl Source for ImageFolder {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
-        check_index(index, self.samples.len())?;
-        let (path, label) = &self.samples[index];
-        Ok(Record {
-            key: path.display().to_string(),
-            bytes: read_file(path)?,
-            label: *label,
-        })
+        read_labeled(&self.samples, index)
     }
 
     fn key(&self, index: usize) -> String {
-        self.samples
-            .get(index)
-            .map_or_else(|| format!("#{index}"), |(p, _)| p.display().to_string())
+        labeled_key(&self.samples, index)
     }
 }
 

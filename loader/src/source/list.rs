@@ -1,6 +1,6 @@
 //! CSV/TSV lists of `path,label`, the way many datasets ship their splits.
 
-use super::{check_index, read_file, Record, Source};
+use super::{labeled_key, read_labeled, Record, Source};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -157,19 +157,11 @@ impl Source for FileList {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
-        check_index(index, self.samples.len())?;
-        let (path, label) = &self.samples[index];
-        Ok(Record {
-            key: path.display().to_string(),
-            bytes: read_file(path)?,
-            label: *label,
-        })
+        read_labeled(&self.samples, index)
     }
 
     fn key(&self, index: usize) -> String {
-        self.samples
-            .get(index)
-            .map_or_else(|| format!("#{index}"), |(p, _)| p.display().to_string())
+        labeled_key(&self.samples, index)
     }
 }
 

@@ -9,7 +9,7 @@ pub use list::FileList;
 pub use memory::MemorySource;
 
 use crate::error::{Error, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One sample as a source stores it: a key, the encoded bytes and a label.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +119,24 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
         });
     }
     Ok(bytes)
+}
+
+/// Record `index` of a list of labelled files: the path is the key.
+pub(crate) fn read_labeled(samples: &[(PathBuf, u32)], index: usize) -> Result<Record> {
+    check_index(index, samples.len())?;
+    let (path, label) = &samples[index];
+    Ok(Record {
+        key: path.display().to_string(),
+        bytes: read_file(path)?,
+        label: *label,
+    })
+}
+
+/// The key of file `index` of a list of labelled files.
+pub(crate) fn labeled_key(samples: &[(PathBuf, u32)], index: usize) -> String {
+    samples
+        .get(index)
+        .map_or_else(|| format!("#{index}"), |(p, _)| p.display().to_string())
 }
 
 /// Checks `index` against `len`.
