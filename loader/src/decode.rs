@@ -1,51 +1,110 @@
-//! Encoded bytes to an RGB8 image, with limits against hostile files.
+//! Encoded bytes to RGB8 pixels in a reused buffer, with limits against
+//! hostile files.
+//!
+//! JPEG (nearly every training image) goes straight to zune-jpeg, the
+//! decoder inside the `image` crate, decoding into the caller's buffer: no
+//! copy of the input and no output allocation per image. Other formats go
+//! through `image` and are converted to RGB.
 
 use crate::error::{Error, Result};
-use image::{DynamicImage, ImageReader, Limits, RgbImage};
+use image::{DynamicImage, ImageFormat, ImageReader, Limits};
 use std::io::Cursor;
+use zune_jpeg::zune_core::bytestream::ZCursor;
+use zune_jpeg::zune_core::colorspace::ColorSpace;
+use zune_jpeg::zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
 
 /// Largest width or height a sample may declare.
 pub(crate) const MAX_SIDE: u32 = 32_768;
-/// Largest allocation the decoder may make for one sample (1 GiB).
+/// Largest decoded image, in bytes (1 GiB).
 pub(crate) const MAX_ALLOC: u64 = 1 << 30;
 
-/// Decodes `bytes` (JPEG, PNG, WebP, BMP; format sniffed from the bytes) to
-/// RGB8. Grayscale, palette, CMYK and alpha images become RGB (alpha is
-/// dropped, as PIL's `convert("RGB")` does). Errors name `key`.
-pub(crate) fn decode_rgb(key: &str, bytes: &[u8]) -> Result<RgbImage> {
+/// Decodes `bytes` (JPEG, PNG, WebP, BMP; format sniffed from the bytes)
+/// into `out` as packed RGB8 and returns `(width, height)`. Grayscale,
+/// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
+/// `convert("RGB")` does). Errors name `key`.
+pub(crate) fn decode_rgb_into(
+    key: &str,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(usize, usize)> {
     if bytes.is_empty() {
         return Err(Error::EmptyFile { key: key.into() });
     }
-    let err = |source| Error::Decode {
-        key: key.into(),
-        source: Box::new(source),
+    let (w, h) = if bytes.starts_with(&[0xFF, 0xD8]) {
+        decode_jpeg(key, bytes, out)?
+    } else {
+        decode_other(key, bytes, out)?
     };
-    let mut reader = ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| err(image::ImageError::IoError(e)))?;
-    let mut limits = Limits::default();
-    limits.max_image_width = Some(MAX_SIDE);
-    limits.max_image_height = Some(MAX_SIDE);
-    limits.max_alloc = Some(MAX_ALLOC);
-    reader.limits(limits);
-    let img = reader.decode().map_err(err)?;
-    let rgb = match img {
-        DynamicImage::ImageRgb8(rgb) => rgb,
-        other => other.to_rgb8(),
-    };
-    if rgb.width() == 0 || rgb.height() == 0 {
+    if w == 0 || h == 0 {
         return Err(Error::Transform {
             key: key.into(),
             reason: "image has zero width or height".into(),
         });
     }
-    Ok(rgb)
+    Ok((w, h))
+}
+
+fn decode_error(key: &str, source: image::ImageError) -> Error {
+    Error::Decode {
+        key: key.into(),
+        source: Box::new(source),
+    }
+}
+
+fn jpeg_error(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    let source = image::error::DecodingError::new(ImageFormat::Jpeg.into(), e);
+    decode_error(key, image::ImageError::Decoding(source))
+}
+
+fn decode_jpeg(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_strict_mode(false)
+        .set_max_width(MAX_SIDE as usize)
+        .set_max_height(MAX_SIDE as usize);
+    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(|e| jpeg_error(key, e))?;
+    let (w, h) = decoder
+        .dimensions()
+        .ok_or_else(|| jpeg_error(key, std::io::Error::other("no image dimensions")))?;
+    let size = decoder
+        .output_buffer_size()
+        .ok_or_else(|| jpeg_error(key, std::io::Error::other("no output size")))?;
+    if size as u64 > MAX_ALLOC || size != w * h * 3 {
+        return Err(jpeg_error(
+            key,
+            std::io::Error::other(format!("{w}x{h} RGB image exceeds the decode limit")),
+        ));
+    }
+    out.resize(size, 0);
+    decoder.decode_into(out).map_err(|e| jpeg_error(key, e))?;
+    Ok((w, h))
+}
+
+fn decode_other(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| decode_error(key, image::ImageError::IoError(e)))?;
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_ALLOC);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| decode_error(key, e))?;
+    let rgb = match img {
+        DynamicImage::ImageRgb8(rgb) => rgb,
+        other => other.to_rgb8(),
+    };
+    let (w, h) = (rgb.width() as usize, rgb.height() as usize);
+    *out = rgb.into_raw();
+    Ok((w, h))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::{GrayImage, ImageFormat, Rgba, RgbaImage};
+    use image::{GrayImage, Rgb, RgbImage, Rgba, RgbaImage};
 
     fn encode(img: DynamicImage, fmt: ImageFormat) -> Vec<u8> {
         let mut out = Cursor::new(Vec::new());
@@ -53,21 +112,46 @@ mod tests {
         out.into_inner()
     }
 
-    #[test]
-    fn gray_and_alpha_become_rgb() {
-        let gray = GrayImage::from_pixel(3, 2, image::Luma([77]));
-        let rgb = decode_rgb("g", &encode(gray.into(), ImageFormat::Png)).unwrap();
-        assert_eq!(rgb.get_pixel(2, 1).0, [77, 77, 77]);
-        let rgba = RgbaImage::from_pixel(2, 2, Rgba([10, 20, 30, 0]));
-        let rgb = decode_rgb("a", &encode(rgba.into(), ImageFormat::Png)).unwrap();
-        assert_eq!(rgb.get_pixel(0, 0).0, [10, 20, 30]);
+    fn decode(bytes: &[u8]) -> (usize, usize, Vec<u8>) {
+        let mut out = Vec::new();
+        let (w, h) = decode_rgb_into("t", bytes, &mut out).unwrap();
+        (w, h, out)
     }
 
     #[test]
-    fn garbage_and_empty_name_the_key() {
-        let e = decode_rgb("dir/x.jpg", b"not an image").unwrap_err();
+    fn gray_and_alpha_become_rgb() {
+        let gray = GrayImage::from_pixel(3, 2, image::Luma([77]));
+        let (w, h, px) = decode(&encode(gray.clone().into(), ImageFormat::Png));
+        assert_eq!((w, h), (3, 2));
+        assert_eq!(&px[15..18], [77, 77, 77]);
+        let (w, h, px) = decode(&encode(gray.into(), ImageFormat::Jpeg));
+        assert_eq!((w, h, px.len()), (3, 2, 18));
+        assert!(px.iter().all(|&v| v.abs_diff(77) <= 2), "{px:?}");
+        let rgba = RgbaImage::from_pixel(2, 2, Rgba([10, 20, 30, 0]));
+        let (_, _, px) = decode(&encode(rgba.into(), ImageFormat::Png));
+        assert_eq!(&px[..3], [10, 20, 30]);
+    }
+
+    #[test]
+    fn jpeg_decodes_into_the_reused_buffer() {
+        let img = RgbImage::from_pixel(17, 9, Rgb([200, 40, 90]));
+        let jpeg = encode(img.into(), ImageFormat::Jpeg);
+        let mut out = vec![1u8; 10_000];
+        let (w, h) = decode_rgb_into("j", &jpeg, &mut out).unwrap();
+        assert_eq!((w, h, out.len()), (17, 9, 17 * 9 * 3));
+        assert!(out
+            .chunks(3)
+            .all(|p| p[0].abs_diff(200) <= 3 && p[1].abs_diff(40) <= 3));
+    }
+
+    #[test]
+    fn garbage_truncated_and_empty_name_the_key() {
+        let mut out = Vec::new();
+        let e = decode_rgb_into("dir/x.jpg", b"not an image", &mut out).unwrap_err();
         assert!(e.to_string().contains("dir/x.jpg"));
-        let e = decode_rgb("dir/y.jpg", b"").unwrap_err();
+        let e = decode_rgb_into("dir/y.jpg", b"", &mut out).unwrap_err();
         assert!(matches!(e, Error::EmptyFile { .. }), "{e}");
+        let e = decode_rgb_into("dir/z.jpg", &[0xFF, 0xD8, 0xFF], &mut out).unwrap_err();
+        assert!(e.to_string().contains("dir/z.jpg"), "{e}");
     }
 }

@@ -1,6 +1,6 @@
 //! Crop, resize, flip, layout and normalize, written straight into a batch slot.
 
-use crate::decode::decode_rgb;
+use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use fast_image_resize::images::{Image, ImageRef};
@@ -128,9 +128,22 @@ pub struct ImageTransform {
     lut: Box<[[f32; 256]; 3]>,
 }
 
+/// Per-thread buffers reused across samples, so steady-state work allocates
+/// nothing of its own.
+struct Scratch {
+    resizer: Resizer,
+    /// The decoded image.
+    decoded: Vec<u8>,
+    /// The resized image, for outputs that are not written by the resizer.
+    resized: Vec<u8>,
+}
+
 thread_local! {
-    /// Per-thread resizer state and resize target, reused across samples.
-    static SCRATCH: RefCell<(Resizer, Vec<u8>)> = RefCell::new((Resizer::new(), Vec::new()));
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        resizer: Resizer::new(),
+        decoded: Vec::new(),
+        resized: Vec::new(),
+    });
 }
 
 impl ImageTransform {
@@ -218,37 +231,58 @@ impl ImageTransform {
         index: usize,
         slot: Slot<'_>,
     ) -> Result<SampleTimes> {
+        SCRATCH.with(|cell| {
+            let scratch = &mut *cell.borrow_mut();
+            self.apply_with(scratch, key, bytes, epoch, index, slot)
+        })
+    }
+
+    fn apply_with(
+        &self,
+        scratch: &mut Scratch,
+        key: &str,
+        bytes: &[u8],
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<SampleTimes> {
         let t0 = Instant::now();
-        let img = decode_rgb(key, bytes)?;
+        let (iw, ih) = decode_rgb_into(key, bytes, &mut scratch.decoded)?;
         let t1 = Instant::now();
-        let (iw, ih) = (img.width() as usize, img.height() as usize);
         let (crop, flip) = self.params(iw, ih, epoch, index);
         let (ow, oh) = (self.width, self.height);
         let exact = crop.width == ow as f64
             && crop.height == oh as f64
             && crop.left.fract() == 0.0
             && crop.top.fract() == 0.0;
+        let resize = |src: &[u8], dst: &mut [u8], resizer: &mut Resizer| -> Result<()> {
+            let src = ImageRef::new(iw as u32, ih as u32, src, PixelType::U8x3)
+                .map_err(|e| self.transform_err(key, e))?;
+            let mut dst = Image::from_slice_u8(ow as u32, oh as u32, dst, PixelType::U8x3)
+                .map_err(|e| self.transform_err(key, e))?;
+            let opts = ResizeOptions::new()
+                .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+                .crop(crop.left, crop.top, crop.width, crop.height);
+            resizer
+                .resize(&src, &mut dst, &opts)
+                .map_err(|e| self.transform_err(key, e))
+        };
         if exact {
             // No resampling needed: read the window straight from the decoded image.
             let start = (crop.top as usize * iw + crop.left as usize) * 3;
-            self.write(&img.as_raw()[start..], iw * 3, flip, slot);
+            self.write(&scratch.decoded[start..], iw * 3, flip, slot);
+        } else if let Slot::U8(out) = slot {
+            // u8 HWC is the resizer's own layout: resize straight into the slot.
+            resize(&scratch.decoded, out, &mut scratch.resizer)?;
+            if flip {
+                for row in out.chunks_exact_mut(ow * 3) {
+                    flip_row(row);
+                }
+            }
         } else {
-            SCRATCH.with(|cell| -> Result<()> {
-                let (resizer, buf) = &mut *cell.borrow_mut();
-                buf.resize(ow * oh * 3, 0);
-                let src = ImageRef::new(iw as u32, ih as u32, img.as_raw(), PixelType::U8x3)
-                    .map_err(|e| self.transform_err(key, e))?;
-                let mut dst = Image::from_slice_u8(ow as u32, oh as u32, buf, PixelType::U8x3)
-                    .map_err(|e| self.transform_err(key, e))?;
-                let opts = ResizeOptions::new()
-                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-                    .crop(crop.left, crop.top, crop.width, crop.height);
-                resizer
-                    .resize(&src, &mut dst, &opts)
-                    .map_err(|e| self.transform_err(key, e))?;
-                self.write(buf, ow * 3, flip, slot);
-                Ok(())
-            })?;
+            scratch.resized.resize(ow * oh * 3, 0);
+            resize(&scratch.decoded, &mut scratch.resized, &mut scratch.resizer)?;
+            self.write(&scratch.resized, ow * 3, flip, slot);
         }
         let t2 = Instant::now();
         Ok(SampleTimes {
@@ -331,6 +365,17 @@ impl ImageTransform {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Reverses the order of the RGB pixels of `row` in place.
+fn flip_row(row: &mut [u8]) {
+    let n = row.len() / 3;
+    for i in 0..n / 2 {
+        let j = n - 1 - i;
+        for c in 0..3 {
+            row.swap(i * 3 + c, j * 3 + c);
         }
     }
 }
