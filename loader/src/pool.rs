@@ -54,6 +54,34 @@ impl HostBuf {
     }
 }
 
+/// Asks the kernel to back the 2 MiB-aligned part of `v` with transparent
+/// huge pages (Linux; a no-op elsewhere or when THP is off).
+fn advise_huge_pages<T>(v: &mut [T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(v);
+        let first = start.next_multiple_of(HUGE);
+        let last = end & !(HUGE - 1);
+        if last > first {
+            // SAFETY: [first, last) lies inside `v`'s allocation, which we
+            // borrow mutably; MADV_HUGEPAGE only changes how the kernel backs
+            // those pages, never their contents, so no Rust invariant changes.
+            // A failure (THP disabled) is harmless and ignored.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}
+
 #[derive(Debug)]
 struct State {
     free: Vec<HostBuf>,
@@ -101,12 +129,28 @@ impl Pool {
             }
             if st.out < self.capacity {
                 st.out += 1;
-                return Some(st.free.pop().unwrap_or_else(|| match self.output {
-                    Output::U8Nhwc => HostBuf::U8(vec![0; self.elems]),
-                    Output::F32Nchw { .. } => HostBuf::F32(vec![0.0; self.elems]),
-                }));
+                return Some(st.free.pop().unwrap_or_else(|| self.allocate()));
             }
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A new zeroed buffer. Large zeroed allocations are fresh mappings whose
+    /// pages are faulted in by the first write; asking for huge pages makes
+    /// that 512x fewer faults, which matters on the CPU where every batch is
+    /// a new buffer (it becomes the tensor).
+    fn allocate(&self) -> HostBuf {
+        match self.output {
+            Output::U8Nhwc => {
+                let mut v = vec![0u8; self.elems];
+                advise_huge_pages(&mut v);
+                HostBuf::U8(v)
+            }
+            Output::F32Nchw { .. } => {
+                let mut v = vec![0f32; self.elems];
+                advise_huge_pages(&mut v);
+                HostBuf::F32(v)
+            }
         }
     }
 

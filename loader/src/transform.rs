@@ -352,16 +352,26 @@ impl ImageTransform {
                 let plane = w * h;
                 let (r, rest) = out.split_at_mut(plane);
                 let (g, b) = rest.split_at_mut(plane);
-                let lut = &*self.lut;
+                let [l0, l1, l2] = &*self.lut;
                 for y in 0..h {
                     let row = &src[y * stride..y * stride + w * 3];
                     let o = y * w;
-                    let (r, g, b) = (&mut r[o..o + w], &mut g[o..o + w], &mut b[o..o + w]);
-                    for (x, p) in row.chunks_exact(3).enumerate() {
-                        let x = if flip { w - 1 - x } else { x };
-                        r[x] = lut[0][p[0] as usize];
-                        g[x] = lut[1][p[1] as usize];
-                        b[x] = lut[2][p[2] as usize];
+                    let dst = r[o..o + w]
+                        .iter_mut()
+                        .zip(&mut g[o..o + w])
+                        .zip(&mut b[o..o + w]);
+                    // Two loops rather than a per-pixel branch; zipped
+                    // iterators and u8-indexed tables leave no bounds checks.
+                    if flip {
+                        for (((r, g), b), p) in dst.zip(row.chunks_exact(3).rev()) {
+                            (*r, *g, *b) =
+                                (l0[p[0] as usize], l1[p[1] as usize], l2[p[2] as usize]);
+                        }
+                    } else {
+                        for (((r, g), b), p) in dst.zip(row.chunks_exact(3)) {
+                            (*r, *g, *b) =
+                                (l0[p[0] as usize], l1[p[1] as usize], l2[p[2] as usize]);
+                        }
                     }
                 }
             }

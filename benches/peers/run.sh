@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# wick beside tf.data, PyTorch's DataLoader and DALI's CPU pipeline, on the
+# same 2,000 JPEGs cut from real photographs, in one run. Not run in CI.
+#
+#   benches/peers/run.sh [COUNT]
+#
+# Installs the peers into a venv (target/peers-venv, ~8 GB: PyTorch from PyPI
+# brings its CUDA libraries), writes the dataset (target/bench-data/photos-N),
+# builds `wick`, runs each loader for 3 passes (RandomResizedCrop 224 + flip,
+# batch 64, all cores), scores each by its best pass after the first, and
+# prints one table.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+count=${1:-2000}
+venv=${WICK_PEERS_VENV:-$root/target/peers-venv}
+py=$venv/bin/python
+if ! "$py" -c "import tensorflow, torch, torchvision, skimage, nvidia.dali" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q tensorflow-cpu==2.21.0 torch==2.15.0 torchvision==0.29.2 \
+    scikit-image==0.26.0 pillow
+  "$venv/bin/pip" install -q nvidia-dali-cuda120==2.4.0 || echo "DALI did not install; skipping it"
+fi
+data=$root/target/bench-data/photos-$count
+"$py" "$here/make_dataset.py" "$data" "$count" 0 >/dev/null
+(cd "$root" && cargo build --release -q -p candle-wick --features cli)
+wick=$root/target/release/wick
+
+out=$(mktemp)
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >&2
+cd "$here"
+for output in u8 f32; do
+  "$py" wick_bench.py "$wick" "$data" "$output" | tee -a "$out" >&2
+  "$py" tf_data.py "$data" "$output" fixed 2>/dev/null | tee -a "$out" >&2
+  "$py" tf_data.py "$data" "$output" autotune 2>/dev/null | tee -a "$out" >&2
+  "$py" torch_loader.py "$data" "$output" tvio 2>/dev/null | tee -a "$out" >&2
+  "$py" torch_loader.py "$data" "$output" pil 2>/dev/null | tee -a "$out" >&2
+  if "$py" -c "import nvidia.dali" 2>/dev/null; then
+    "$py" dali_cpu.py "$data" "$output" 2>/dev/null | tee -a "$out" >&2
+  fi
+done
+"$py" table.py "$out"

@@ -1,0 +1,19 @@
+"""Runs `wick bench --json` and prints its result as a peer-table line,
+scored like the peers: the best pass after the first.
+
+usage: python wick_bench.py WICK_BINARY DATA_DIR u8|f32
+"""
+import json
+import subprocess
+import sys
+
+wick, root, output = sys.argv[1:4]
+out = subprocess.run([wick, "bench", root, "--output", output, "--batch-size", "64",
+                      "--image-size", "224", "--epochs", "3", "--json"],
+                     check=True, capture_output=True, text=True).stdout
+r = json.loads(out)
+rates = r["epoch_images_per_sec"]
+print(json.dumps({"peer": f"wick ({r['workers']} workers)", "output": output,
+                  "images_per_sec": max(rates[1:] or rates),
+                  "passes": [round(x) for x in rates],
+                  "peak_rss_mb": round(r["peak_rss_mb"] or 0)}))
