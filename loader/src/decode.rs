@@ -20,14 +20,11 @@ pub(crate) const MAX_SIDE: u32 = 32_768;
 pub(crate) const MAX_ALLOC: u64 = 1 << 30;
 
 /// Decodes `bytes` (JPEG, PNG, WebP, BMP; format sniffed from the bytes)
-/// into `out` as packed RGB8 and returns `(width, height)`. Grayscale,
+/// into `out` as packed RGB8 and returns `(width, height)`; `out` is resized
+/// to fit and can be reused across calls so decoding allocates nothing. Grayscale,
 /// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
 /// `convert("RGB")` does). Errors name `key`.
-pub(crate) fn decode_rgb_into(
-    key: &str,
-    bytes: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<(usize, usize)> {
+pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
     if bytes.is_empty() {
         return Err(Error::EmptyFile { key: key.into() });
     }

@@ -62,6 +62,7 @@ mod source;
 mod stats;
 mod transform;
 
+pub use decode::decode_rgb_into;
 pub use error::{Error, Result};
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use sampler::Sampler;

@@ -246,9 +246,91 @@ impl ImageTransform {
         index: usize,
         slot: Slot<'_>,
     ) -> Result<SampleTimes> {
+        let Scratch {
+            resizer,
+            decoded,
+            resized,
+        } = scratch;
         let t0 = Instant::now();
-        let (iw, ih) = decode_rgb_into(key, bytes, &mut scratch.decoded)?;
+        let (iw, ih) = decode_rgb_into(key, bytes, decoded)?;
         let t1 = Instant::now();
+        self.transform_into(resizer, resized, key, decoded, (iw, ih), epoch, index, slot)?;
+        Ok(SampleTimes {
+            decode: t1 - t0,
+            transform: t1.elapsed(),
+            decoded_bytes: (iw * ih * 3) as u64,
+        })
+    }
+
+    /// Transforms already-decoded packed RGB8 pixels (`width x height`) of
+    /// sample `index` into `slot`: the same crop, resize, flip and
+    /// normalization as [`apply`](Self::apply), without the decode.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_decoded(
+        &self,
+        key: &str,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        if width == 0 || height == 0 || rgb.len() < width * height * 3 {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "{} bytes do not hold a {width}x{height} RGB image",
+                    rgb.len()
+                ),
+            });
+        }
+        SCRATCH.with(|cell| {
+            let Scratch {
+                resizer, resized, ..
+            } = &mut *cell.borrow_mut();
+            self.transform_into(
+                resizer,
+                resized,
+                key,
+                rgb,
+                (width, height),
+                epoch,
+                index,
+                slot,
+            )
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn transform_into(
+        &self,
+        resizer: &mut Resizer,
+        resized: &mut Vec<u8>,
+        key: &str,
+        decoded: &[u8],
+        (iw, ih): (usize, usize),
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        let len = match &slot {
+            Slot::U8(s) => s.len(),
+            Slot::F32(s) => s.len(),
+        };
+        let kind_ok = matches!(
+            (&slot, self.output),
+            (Slot::U8(_), Output::U8Nhwc) | (Slot::F32(_), Output::F32Nchw { .. })
+        );
+        if len != self.slot_len() || !kind_ok {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "slot of {len} elements does not match the output {:?} of {} elements",
+                    self.output,
+                    self.slot_len()
+                ),
+            });
+        }
         let (crop, flip) = self.params(iw, ih, epoch, index);
         let (ow, oh) = (self.width, self.height);
         let exact = crop.width == ow as f64
@@ -270,26 +352,21 @@ impl ImageTransform {
         if exact {
             // No resampling needed: read the window straight from the decoded image.
             let start = (crop.top as usize * iw + crop.left as usize) * 3;
-            self.write(&scratch.decoded[start..], iw * 3, flip, slot);
+            self.write(&decoded[start..], iw * 3, flip, slot);
         } else if let Slot::U8(out) = slot {
             // u8 HWC is the resizer's own layout: resize straight into the slot.
-            resize(&scratch.decoded, out, &mut scratch.resizer)?;
+            resize(decoded, out, resizer)?;
             if flip {
                 for row in out.chunks_exact_mut(ow * 3) {
                     flip_row(row);
                 }
             }
         } else {
-            scratch.resized.resize(ow * oh * 3, 0);
-            resize(&scratch.decoded, &mut scratch.resized, &mut scratch.resizer)?;
-            self.write(&scratch.resized, ow * 3, flip, slot);
+            resized.resize(ow * oh * 3, 0);
+            resize(decoded, resized, resizer)?;
+            self.write(resized, ow * 3, flip, slot);
         }
-        let t2 = Instant::now();
-        Ok(SampleTimes {
-            decode: t1 - t0,
-            transform: t2 - t1,
-            decoded_bytes: (iw * ih * 3) as u64,
-        })
+        Ok(())
     }
 
     fn transform_err(&self, key: &str, e: impl std::fmt::Display) -> Error {

@@ -1,0 +1,120 @@
+//! Per-stage costs on 64 ImageNet-like JPEGs (~400x350, q90): decode alone,
+//! each transform on decoded pixels, and the fused decode+transform path.
+
+use candle_wick::{decode_rgb_into, ImageTransform, Output, Slot, Transforms};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::time::Duration;
+
+const N: usize = 64;
+
+fn load() -> Vec<Vec<u8>> {
+    let dir = benches::imagenet_like(&benches::data_root(), 500).expect("bench dataset");
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("n00"))
+        .expect("class folder")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .take(N)
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect()
+}
+
+fn transform(t: Transforms, output: Output) -> ImageTransform {
+    ImageTransform::new(t, output, 224, 224, 0).expect("transform")
+}
+
+fn bench(c: &mut Criterion) {
+    let jpegs = load();
+    let mut group = c.benchmark_group("stages_224");
+    group.throughput(Throughput::Elements(N as u64));
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(8));
+
+    let mut buf = Vec::new();
+    group.bench_function("decode_jpeg", |b| {
+        b.iter(|| {
+            for j in &jpegs {
+                decode_rgb_into("bench", j, &mut buf).expect("decode");
+            }
+        })
+    });
+
+    let decoded: Vec<(Vec<u8>, (usize, usize))> = jpegs
+        .iter()
+        .map(|j| {
+            let mut out = Vec::new();
+            let wh = decode_rgb_into("bench", j, &mut out).expect("decode");
+            (out, wh)
+        })
+        .collect();
+    let rrc_no_flip = Transforms::RandomResizedCrop {
+        scale: (0.08, 1.0),
+        ratio: (3.0 / 4.0, 4.0 / 3.0),
+        flip: false,
+    };
+    let cases = [
+        (
+            "resize_center_crop_u8",
+            transform(Transforms::eval(224), Output::U8Nhwc),
+        ),
+        (
+            "random_resized_crop_u8",
+            transform(rrc_no_flip, Output::U8Nhwc),
+        ),
+        (
+            "random_resized_crop_flip_u8",
+            transform(Transforms::train(), Output::U8Nhwc),
+        ),
+        (
+            "random_resized_crop_flip_f32_normalize",
+            transform(Transforms::train(), Output::imagenet()),
+        ),
+    ];
+    for (name, t) in &cases {
+        let mut u8s = vec![0u8; t.slot_len()];
+        let mut f32s = vec![0f32; t.slot_len()];
+        group.bench_function(*name, |b| {
+            b.iter(|| {
+                for (i, (px, wh)) in decoded.iter().enumerate() {
+                    let slot = match t.output() {
+                        Output::U8Nhwc => Slot::U8(&mut u8s),
+                        Output::F32Nchw { .. } => Slot::F32(&mut f32s),
+                    };
+                    t.apply_decoded("bench", px, *wh, 0, i, slot)
+                        .expect("transform");
+                }
+            })
+        });
+    }
+
+    for (name, t) in [
+        (
+            "fused_decode_rrc_flip_u8",
+            transform(Transforms::train(), Output::U8Nhwc),
+        ),
+        (
+            "fused_decode_rrc_flip_f32",
+            transform(Transforms::train(), Output::imagenet()),
+        ),
+    ] {
+        let mut u8s = vec![0u8; t.slot_len()];
+        let mut f32s = vec![0f32; t.slot_len()];
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                for (i, j) in jpegs.iter().enumerate() {
+                    let slot = match t.output() {
+                        Output::U8Nhwc => Slot::U8(&mut u8s),
+                        Output::F32Nchw { .. } => Slot::F32(&mut f32s),
+                    };
+                    t.apply("bench", j, 0, i, slot).expect("apply");
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

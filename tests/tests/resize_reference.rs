@@ -1,0 +1,52 @@
+//! The antialiased bilinear resize matches Pillow's `BILINEAR` (the filter
+//! torchvision's `antialias=True` follows) on reference outputs that Pillow
+//! wrote (tests/fixtures/make_resize_reference.py).
+
+use candle_wick::{ImageTransform, Output, Slot, Transforms};
+use image::ImageReader;
+
+fn fixture(name: &str) -> image::RgbImage {
+    let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    ImageReader::open(&path)
+        .unwrap()
+        .decode()
+        .unwrap()
+        .to_rgb8()
+}
+
+fn check(src: &str, reference: &str, tolerance: u8) {
+    let src = fixture(src);
+    let want = fixture(reference);
+    let t = ImageTransform::new(
+        Transforms::ResizeCenterCrop { resize: 24 },
+        Output::U8Nhwc,
+        24,
+        24,
+        0,
+    )
+    .unwrap();
+    let mut out = vec![0u8; t.slot_len()];
+    let wh = (src.width() as usize, src.height() as usize);
+    t.apply_decoded("ref", src.as_raw(), wh, 0, 0, Slot::U8(&mut out))
+        .unwrap();
+    let worst = out
+        .iter()
+        .zip(want.as_raw())
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap();
+    assert!(
+        worst <= tolerance,
+        "{reference}: max difference {worst} > {tolerance}"
+    );
+}
+
+#[test]
+fn downscale_matches_pillow_bilinear() {
+    check("resize_src_64x48.png", "resize_ref_down_24.png", 1);
+}
+
+#[test]
+fn upscale_matches_pillow_bilinear() {
+    check("resize_src_20x16.png", "resize_ref_up_24.png", 1);
+}
