@@ -48,10 +48,15 @@
 //! - `cuda`: CUDA devices through candle-core's `cuda` feature.
 //! - `metal`: Metal devices through candle-core's `metal` feature.
 //! - `cli`: the `wick` command-line tool (`wick bench`).
+//! - `turbojpeg`: decode JPEGs with libjpeg-turbo (built from source; needs
+//!   cmake and nasm), decoding only the crop window and downscaling in the
+//!   DCT when the window is at least twice the output size.
 
 #![deny(missing_docs)]
 
 mod decode;
+#[cfg(feature = "turbojpeg")]
+mod decode_turbo;
 mod device;
 mod error;
 mod pipeline;

@@ -106,11 +106,11 @@ pub struct SampleTimes {
 
 /// A crop window in source pixels (fractional for the eval path).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Crop {
-    left: f64,
-    top: f64,
-    width: f64,
-    height: f64,
+pub(crate) struct Crop {
+    pub(crate) left: f64,
+    pub(crate) top: f64,
+    pub(crate) width: f64,
+    pub(crate) height: f64,
 }
 
 /// The per-sample function of a loader: decode, transform, write into a slot.
@@ -252,6 +252,22 @@ impl ImageTransform {
             resized,
         } = scratch;
         let t0 = Instant::now();
+        #[cfg(feature = "turbojpeg")]
+        if bytes.starts_with(&[0xFF, 0xD8]) {
+            let params = |w, h| self.params(w, h, epoch, index);
+            if let Some(r) =
+                crate::decode_turbo::decode_region(bytes, decoded, self.size_wh(), params)
+            {
+                let t1 = Instant::now();
+                let wh = (r.width, r.height);
+                self.resample(resizer, resized, key, decoded, wh, r.crop, r.flip, slot)?;
+                return Ok(SampleTimes {
+                    decode: t1 - t0,
+                    transform: t1.elapsed(),
+                    decoded_bytes: (r.width * r.height * 3) as u64,
+                });
+            }
+        }
         let (iw, ih) = decode_rgb_into(key, bytes, decoded)?;
         let t1 = Instant::now();
         self.transform_into(resizer, resized, key, decoded, (iw, ih), epoch, index, slot)?;
@@ -332,6 +348,28 @@ impl ImageTransform {
             });
         }
         let (crop, flip) = self.params(iw, ih, epoch, index);
+        self.resample(resizer, resized, key, decoded, (iw, ih), crop, flip, slot)
+    }
+
+    /// Output width and height.
+    #[cfg(feature = "turbojpeg")]
+    fn size_wh(&self) -> (usize, usize) {
+        (self.width, self.height)
+    }
+
+    /// Crops `crop` out of the `iw x ih` pixels, resizes, flips and writes.
+    #[allow(clippy::too_many_arguments)]
+    fn resample(
+        &self,
+        resizer: &mut Resizer,
+        resized: &mut Vec<u8>,
+        key: &str,
+        decoded: &[u8],
+        (iw, ih): (usize, usize),
+        crop: Crop,
+        flip: bool,
+        slot: Slot<'_>,
+    ) -> Result<()> {
         let (ow, oh) = (self.width, self.height);
         let exact = crop.width == ow as f64
             && crop.height == oh as f64

@@ -78,6 +78,7 @@ enum Format {
 #[derive(Serialize, Debug)]
 struct Report {
     data: String,
+    jpeg_decoder: &'static str,
     samples: usize,
     batch_size: usize,
     image_size: usize,
@@ -157,6 +158,11 @@ fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
     Ok(Report {
         data: a.data.display().to_string(),
+        jpeg_decoder: if cfg!(feature = "turbojpeg") {
+            "libjpeg-turbo (crop window, DCT scaling)"
+        } else {
+            "zune-jpeg (pure Rust, full image)"
+        },
         samples,
         batch_size: a.batch_size,
         image_size: a.image_size,
