@@ -1,9 +1,12 @@
 //! End-to-end loader throughput on 500 ImageNet-like JPEGs (~400x350, q90),
 //! RandomResizedCrop 224 + flip, u8 output: the loader with 1 and 2 workers
-//! against the same decode+transform code in a plain sequential loop.
+//! against the same read+decode+transform code in a plain sequential loop
+//! (parallel efficiency) and in a bare rayon `par_iter` on 2 threads with no
+//! pool, queue or prefetch (the pipeline's own overhead).
 
 use candle_wick::{ImageFolder, Loader, Output, Slot, Source};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rayon::prelude::*;
 use std::time::Duration;
 
 const COUNT: usize = 500;
@@ -57,6 +60,28 @@ fn bench_loader(c: &mut Criterion) {
                     .apply(&r.key, &r.bytes, epoch, i, Slot::U8(&mut slot))
                     .expect("transform");
             }
+            epoch += 1;
+        })
+    });
+
+    let bare = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("rayon pool");
+    let mut epoch = 0;
+    group.bench_function("bare_par_iter_2_threads", |b| {
+        b.iter(|| {
+            bare.install(|| {
+                (0..source.len()).into_par_iter().for_each_init(
+                    || vec![0u8; transform.slot_len()],
+                    |slot, i| {
+                        let r = source.read(i).expect("read");
+                        transform
+                            .apply(&r.key, &r.bytes, epoch, i, Slot::U8(slot))
+                            .expect("transform");
+                    },
+                )
+            });
             epoch += 1;
         })
     });

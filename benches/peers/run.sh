@@ -6,7 +6,8 @@
 #
 # Installs the peers into a venv (target/peers-venv, ~8 GB: PyTorch from PyPI
 # brings its CUDA libraries), writes the dataset (target/bench-data/photos-N),
-# builds `wick`, runs each loader for 3 passes (RandomResizedCrop 224 + flip,
+# builds `wick` twice (pure-Rust default, and --features turbojpeg; the
+# latter needs cmake and nasm), runs each loader for 3 passes (RandomResizedCrop 224 + flip,
 # batch 64, all cores), scores each by its best pass after the first, and
 # prints one table.
 set -euo pipefail
@@ -15,7 +16,9 @@ root=$(cd "$here/../.." && pwd)
 count=${1:-2000}
 venv=${WICK_PEERS_VENV:-$root/target/peers-venv}
 py=$venv/bin/python
-if ! "$py" -c "import tensorflow, torch, torchvision, skimage, nvidia.dali" 2>/dev/null; then
+have() { for m in "$@"; do "$py" -c "import $m" 2>/dev/null || return 1; done; }
+# One import per process: TensorFlow, PyTorch and DALI loaded together can abort.
+if ! have tensorflow torch torchvision skimage; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q tensorflow-cpu==2.21.0 torch==2.15.0 torchvision==0.29.2 \
@@ -24,7 +27,10 @@ if ! "$py" -c "import tensorflow, torch, torchvision, skimage, nvidia.dali" 2>/d
 fi
 data=$root/target/bench-data/photos-$count
 "$py" "$here/make_dataset.py" "$data" "$count" 0 >/dev/null
-(cd "$root" && cargo build --release -q -p candle-wick --features cli)
+# Two wick builds: the pure-Rust default and the turbojpeg feature.
+(cd "$root" && cargo build --release -q -p candle-wick --features cli,turbojpeg \
+  && cp target/release/wick target/release/wick-turbojpeg \
+  && cargo build --release -q -p candle-wick --features cli)
 wick=$root/target/release/wick
 
 out=$(mktemp)
@@ -32,11 +38,12 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 cd "$here"
 for output in u8 f32; do
   "$py" wick_bench.py "$wick" "$data" "$output" | tee -a "$out" >&2
+  "$py" wick_bench.py "$wick-turbojpeg" "$data" "$output" | tee -a "$out" >&2
   "$py" tf_data.py "$data" "$output" fixed 2>/dev/null | tee -a "$out" >&2
   "$py" tf_data.py "$data" "$output" autotune 2>/dev/null | tee -a "$out" >&2
   "$py" torch_loader.py "$data" "$output" tvio 2>/dev/null | tee -a "$out" >&2
   "$py" torch_loader.py "$data" "$output" pil 2>/dev/null | tee -a "$out" >&2
-  if "$py" -c "import nvidia.dali" 2>/dev/null; then
+  if have nvidia.dali; then
     "$py" dali_cpu.py "$data" "$output" 2>/dev/null | tee -a "$out" >&2
   fi
 done

@@ -13,7 +13,8 @@ out = subprocess.run([wick, "bench", root, "--output", output, "--batch-size", "
                      check=True, capture_output=True, text=True).stdout
 r = json.loads(out)
 rates = r["epoch_images_per_sec"]
-print(json.dumps({"peer": f"wick ({r['workers']} workers)", "output": output,
+decoder = "turbojpeg" if "turbo" in r["jpeg_decoder"] else "zune-jpeg"
+print(json.dumps({"peer": f"wick, {decoder} ({r['workers']} workers)", "output": output,
                   "images_per_sec": max(rates[1:] or rates),
                   "passes": [round(x) for x in rates],
                   "peak_rss_mb": round(r["peak_rss_mb"] or 0)}))
