@@ -202,6 +202,7 @@ fn main() -> ExitCode {
                 "{} samples, batch {}, {}x{}, {:?} transforms, {:?} output, {} workers, prefetch {}",
                 r.samples, r.batch_size, r.image_size, r.image_size, r.transforms, r.output, r.workers, r.prefetch
             );
+            println!("JPEG decoder: {}", r.jpeg_decoder);
             println!(
                 "images/s (median of {} epochs): {:.0}",
                 r.epoch_images_per_sec.len(),
