@@ -20,8 +20,9 @@ pub(crate) const MAX_SIDE: u32 = 32_768;
 pub(crate) const MAX_ALLOC: u64 = 1 << 30;
 
 /// Decodes `bytes` (JPEG, PNG, WebP, BMP; format sniffed from the bytes)
-/// into `out` as packed RGB8 and returns `(width, height)`; `out` is resized
-/// to fit and can be reused across calls so decoding allocates nothing. Grayscale,
+/// into `out` as packed RGB8 and returns `(width, height)`: the pixels are
+/// `out[..width * height * 3]`. `out` grows to fit and can be reused across
+/// calls so decoding allocates nothing. Grayscale,
 /// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
 /// `convert("RGB")` does). Errors name `key`.
 pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
@@ -74,8 +75,13 @@ fn decode_jpeg(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usi
             std::io::Error::other(format!("{w}x{h} RGB image exceeds the decode limit")),
         ));
     }
-    out.resize(size, 0);
-    decoder.decode_into(out).map_err(|e| jpeg_error(key, e))?;
+    // Grow only: shrinking and re-growing would zero-fill on every larger image.
+    if out.len() < size {
+        out.resize(size, 0);
+    }
+    decoder
+        .decode_into(&mut out[..size])
+        .map_err(|e| jpeg_error(key, e))?;
     Ok((w, h))
 }
 
@@ -135,8 +141,13 @@ mod tests {
         let jpeg = encode(img.into(), ImageFormat::Jpeg);
         let mut out = vec![1u8; 10_000];
         let (w, h) = decode_rgb_into("j", &jpeg, &mut out).unwrap();
-        assert_eq!((w, h, out.len()), (17, 9, 17 * 9 * 3));
-        assert!(out
+        assert_eq!(
+            (w, h, out.len()),
+            (17, 9, 10_000),
+            "the buffer is not shrunk"
+        );
+        let px = &out[..17 * 9 * 3];
+        assert!(px
             .chunks(3)
             .all(|p| p[0].abs_diff(200) <= 3 && p[1].abs_diff(40) <= 3));
     }

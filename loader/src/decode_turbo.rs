@@ -137,8 +137,10 @@ fn decode_with(
     if !set {
         return None;
     }
-    out.resize(rw * rh * 3, 0);
-    // SAFETY: `out` holds exactly `rh` rows of `rw * 3` bytes, the size of
+    if out.len() < rw * rh * 3 {
+        out.resize(rw * rh * 3, 0);
+    }
+    // SAFETY: `out` holds at least `rh` rows of `rw * 3` bytes, the size of
     // the cropping region set above, so the decoder writes inside it.
     let ok = unsafe {
         tj::tj3Decompress8(

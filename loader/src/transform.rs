@@ -496,12 +496,15 @@ impl ImageTransform {
 
 /// Reverses the order of the RGB pixels of `row` in place.
 fn flip_row(row: &mut [u8]) {
-    let n = row.len() / 3;
-    for i in 0..n / 2 {
-        let j = n - 1 - i;
-        for c in 0..3 {
-            row.swap(i * 3 + c, j * 3 + c);
-        }
+    let half = row.len() / 6 * 3;
+    let (left, right) = row.split_at_mut(row.len() - half);
+    for (a, b) in left
+        .chunks_exact_mut(3)
+        .zip(right.chunks_exact_mut(3).rev())
+    {
+        let pixel = [a[0], a[1], a[2]];
+        a.copy_from_slice(b);
+        b.copy_from_slice(&pixel);
     }
 }
 
@@ -556,6 +559,16 @@ fn uniform(rng: &mut impl Rng, lo: f64, hi: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flip_row_reverses_pixels() {
+        for n in 0..6u8 {
+            let mut row: Vec<u8> = (0..n * 3).collect();
+            let want: Vec<u8> = row.chunks(3).rev().flatten().copied().collect();
+            flip_row(&mut row);
+            assert_eq!(row, want, "{n} pixels");
+        }
+    }
 
     #[test]
     fn random_resized_crop_stays_inside_and_in_range() {
