@@ -69,7 +69,7 @@ mod transform;
 
 pub use decode::decode_rgb_into;
 pub use error::{Error, Result};
-pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
+pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, NormalizeAt, Skipped};
 pub use sampler::Sampler;
 pub use source::{FileList, ImageFolder, MemorySource, Record, Source};
 pub use stats::Stats;

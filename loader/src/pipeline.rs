@@ -10,14 +10,13 @@
 //!   into device tensors and sends it into a bounded channel of `prefetch`
 //!   batches that [`Epoch`] reads.
 
-use crate::device::upload;
 use crate::error::{Error, Result};
 use crate::pool::{HostBuf, Pool};
 use crate::sampler::{Plan, Sampler};
 use crate::source::Source;
 use crate::stats::{Counters, Stats};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -101,6 +100,8 @@ pub struct LoaderBuilder {
     device: Device,
     shard: Option<(usize, usize)>,
     bad_samples: BadSamples,
+    normalize_at: NormalizeAt,
+    dtype: Option<DType>,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -212,6 +213,21 @@ impl LoaderBuilder {
         self
     }
 
+    /// Where [`Output::F32Nchw`] normalization happens. Default
+    /// [`NormalizeAt::Auto`]: on the device for GPUs (u8 crosses the bus, 4x
+    /// fewer bytes than f32), on the host for the CPU.
+    pub fn normalize_at(mut self, at: NormalizeAt) -> Self {
+        self.normalize_at = at;
+        self
+    }
+
+    /// Element type of the image tensors for [`Output::F32Nchw`]: `F32`
+    /// (default), `BF16` or `F16`, converted on the device.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+
     /// Policy for unreadable or undecodable samples. Default [`BadSamples::Fail`].
     pub fn bad_samples(mut self, policy: BadSamples) -> Self {
         self.bad_samples = policy;
@@ -246,7 +262,13 @@ impl LoaderBuilder {
             TransformChoice::Eval => Transforms::eval(h.max(w)),
             TransformChoice::Custom(t) => t,
         };
-        let transform = ImageTransform::new(transforms, self.output, h, w, self.seed)?;
+        let finish = Finish::new(self.output, self.normalize_at, self.dtype, &self.device)?;
+        let host_output = if finish.normalize.is_some() {
+            Output::U8Nhwc
+        } else {
+            self.output
+        };
+        let transform = ImageTransform::new(transforms, host_output, h, w, self.seed)?;
         let workers = if self.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -256,15 +278,106 @@ impl LoaderBuilder {
             pool: Pool::new(
                 self.in_flight,
                 self.batch_size * transform.slot_len(),
-                self.output,
+                host_output,
+                crate::device::pinned_buffers(
+                    &self.device,
+                    self.in_flight,
+                    self.batch_size * transform.slot_len(),
+                    host_output,
+                )?,
             ),
+            uploader: crate::device::Uploader::new(&self.device)?,
             source: self.source,
             transform,
             counters: Counters::default(),
             device: self.device,
             bad_samples: self.bad_samples,
+            finish,
         });
         Loader::start(shared, sampler, workers, self.in_flight, self.prefetch)
+    }
+}
+
+/// Where the `u8 -> f32` conversion, NCHW permutation and normalization of
+/// [`Output::F32Nchw`] happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormalizeAt {
+    /// On the device for GPUs, on the host for the CPU.
+    #[default]
+    Auto,
+    /// The decode workers write normalized `f32` NCHW; `f32` is uploaded.
+    Host,
+    /// The workers write `u8` NHWC, which is uploaded and normalized by
+    /// tensor ops on the device (as FFCV and DALI do).
+    Device,
+}
+
+/// What the uploader does to the images after they reach the device.
+#[derive(Debug)]
+struct Finish {
+    /// `x * scale + bias` per channel, `[1, 3, 1, 1]`, after `u8 -> f32` and
+    /// NHWC -> NCHW; `None` when the host already normalized.
+    normalize: Option<(Tensor, Tensor)>,
+    /// The images' final element type.
+    dtype: DType,
+}
+
+impl Finish {
+    fn new(output: Output, at: NormalizeAt, dtype: Option<DType>, device: &Device) -> Result<Self> {
+        let Output::F32Nchw { mean, std } = output else {
+            return match dtype {
+                None | Some(DType::U8) => Ok(Self {
+                    normalize: None,
+                    dtype: DType::U8,
+                }),
+                Some(d) => Err(Error::InvalidConfig(format!(
+                    "dtype {d:?} needs Output::F32Nchw; u8 NHWC output is always u8"
+                ))),
+            };
+        };
+        let dtype = dtype.unwrap_or(DType::F32);
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::InvalidConfig(format!(
+                "dtype {dtype:?} is not a float type: use F32, BF16 or F16"
+            )));
+        }
+        let on_device = match at {
+            NormalizeAt::Auto => !device.is_cpu(),
+            NormalizeAt::Host => false,
+            NormalizeAt::Device => true,
+        };
+        if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+            return Err(Error::InvalidConfig(format!(
+                "normalize std must be non-zero, got {std:?}"
+            )));
+        }
+        let normalize = if on_device {
+            let scale: Vec<f32> = std.iter().map(|s| 1.0 / (255.0 * s)).collect();
+            let bias: Vec<f32> = mean.iter().zip(&std).map(|(m, s)| -m / s).collect();
+            Some((
+                Tensor::from_vec(scale, (1, 3, 1, 1), device)?,
+                Tensor::from_vec(bias, (1, 3, 1, 1), device)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self { normalize, dtype })
+    }
+
+    fn apply(&self, images: Tensor) -> Result<Tensor> {
+        let images = match &self.normalize {
+            Some((scale, bias)) => images
+                .to_dtype(DType::F32)?
+                .permute((0, 3, 1, 2))?
+                .broadcast_mul(scale)?
+                .broadcast_add(bias)?,
+            None => images,
+        };
+        Ok(if images.dtype() == self.dtype {
+            images
+        } else {
+            images.to_dtype(self.dtype)?
+        })
     }
 }
 
@@ -290,6 +403,8 @@ struct Shared {
     counters: Counters,
     device: Device,
     bad_samples: BadSamples,
+    finish: Finish,
+    uploader: crate::device::Uploader,
 }
 
 /// A batch filled on the host, not yet on the device.
@@ -384,6 +499,8 @@ impl Loader {
             device: Device::Cpu,
             shard: None,
             bad_samples: BadSamples::Fail,
+            normalize_at: NormalizeAt::Auto,
+            dtype: None,
         }
     }
 
@@ -631,9 +748,20 @@ fn feed(
         let plan = Arc::new(plan);
         let mut dispatched = 0;
         for index in start..plan.batches.len() {
-            let Some(buf) = shared.pool.acquire(&cancel) else {
+            let Some(mut buf) = shared.pool.acquire(&cancel) else {
                 break;
             };
+            if let Err(e) = buf.wait_writable() {
+                // A device error: report it as this batch and stop the epoch.
+                shared.pool.release(None);
+                let _ = done.send(Msg::Done(Filled {
+                    index,
+                    result: Some(Err(e)),
+                }));
+                shared.counters.batch_started();
+                dispatched += 1;
+                break;
+            }
             shared.counters.batch_started();
             dispatched += 1;
             let (shared, plan, cancel, done) =
@@ -729,12 +857,23 @@ fn fill(
 ) -> Filled {
     let indices = &plan.order[plan.batches[index].clone()];
     let slot_len = shared.transform.slot_len();
-    let outcomes: Vec<Outcome> = buf
-        .slots(indices.len(), slot_len)
-        .into_par_iter()
-        .zip(indices.par_iter())
-        .map(|(slot, &i)| process(shared, epoch, i, slot, cancel))
-        .collect();
+    let outcomes: Result<Vec<Outcome>> = buf.slots(indices.len(), slot_len).map(|slots| {
+        slots
+            .into_par_iter()
+            .zip(indices.par_iter())
+            .map(|(slot, &i)| process(shared, epoch, i, slot, cancel))
+            .collect()
+    });
+    let outcomes = match outcomes {
+        Ok(o) => o,
+        Err(e) => {
+            shared.pool.release(Some(buf));
+            return Filled {
+                index,
+                result: Some(Err(e)),
+            };
+        }
+    };
     if cancel.load(Ordering::Relaxed) {
         shared.pool.release(Some(buf));
         return Filled {
@@ -754,7 +893,13 @@ fn fill(
             Outcome::Ok { key, label } => {
                 let kept = batch.keys.len();
                 if kept != slot {
-                    batch.buf.move_slot(slot, kept, slot_len);
+                    if let Err(e) = batch.buf.move_slot(slot, kept, slot_len) {
+                        shared.pool.release(Some(batch.buf));
+                        return Filled {
+                            index,
+                            result: Some(Err(e)),
+                        };
+                    }
                 }
                 batch.keys.push(key);
                 batch.labels.push(label);
@@ -863,7 +1008,7 @@ fn flush(shared: &Shared, r: &mut Running) {
                 let t = Instant::now();
                 let n = host.keys.len();
                 let t_ = &shared.transform;
-                match upload(
+                match shared.uploader.upload(
                     &shared.device,
                     host.buf,
                     host.labels,
@@ -873,9 +1018,10 @@ fn flush(shared: &Shared, r: &mut Running) {
                 ) {
                     Ok(up) => {
                         shared.pool.release(up.reusable);
+                        let images = shared.finish.apply(up.images);
                         shared.counters.batch_uploaded(t.elapsed());
-                        Ok(Batch {
-                            images: up.images,
+                        images.map(|images| Batch {
+                            images,
                             labels: up.labels,
                             keys: host.keys,
                             indices: host.indices,

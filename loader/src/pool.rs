@@ -7,6 +7,7 @@
 //! uploader hands a buffer to the device tensor without copying (the CPU),
 //! it returns only the permit and the next acquire allocates afresh.
 
+use crate::error::Result;
 use crate::transform::{Output, Slot};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -16,9 +17,40 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 pub(crate) enum HostBuf {
     U8(Vec<u8>),
     F32(Vec<f32>),
+    /// Page-locked memory for asynchronous copies to a CUDA device.
+    #[cfg(feature = "cuda")]
+    PinnedU8(crate::device::cuda::Pinned<u8>),
+    #[cfg(feature = "cuda")]
+    PinnedF32(crate::device::cuda::Pinned<f32>),
+}
+
+/// A buffer's elements, borrowed for writing.
+enum View<'a> {
+    U8(&'a mut [u8]),
+    F32(&'a mut [f32]),
 }
 
 impl HostBuf {
+    /// The elements; for a pinned buffer this first waits until the copy
+    /// that last read it has completed.
+    fn view(&mut self) -> Result<View<'_>> {
+        Ok(match self {
+            HostBuf::U8(v) => View::U8(v),
+            HostBuf::F32(v) => View::F32(v),
+            #[cfg(feature = "cuda")]
+            HostBuf::PinnedU8(p) => View::U8(p.as_mut_slice()?),
+            #[cfg(feature = "cuda")]
+            HostBuf::PinnedF32(p) => View::F32(p.as_mut_slice()?),
+        })
+    }
+
+    /// Waits until the buffer may be written (a pinned buffer's last copy
+    /// to the device has completed). Called by the feeder, so decode workers
+    /// never block on the device.
+    pub(crate) fn wait_writable(&mut self) -> Result<()> {
+        self.view().map(|_| ())
+    }
+
     /// The slot of sample `i` in a buffer of `slot_len`-element slots.
     #[cfg(test)]
     pub(crate) fn slot(&mut self, i: usize, slot_len: usize) -> Slot<'_> {
@@ -26,31 +58,34 @@ impl HostBuf {
         match self {
             HostBuf::U8(v) => Slot::U8(&mut v[r]),
             HostBuf::F32(v) => Slot::F32(&mut v[r]),
+            #[cfg(feature = "cuda")]
+            _ => unreachable!("tests use heap buffers"),
         }
     }
 
     /// The first `n` slots, one per sample, for parallel filling.
-    pub(crate) fn slots(&mut self, n: usize, slot_len: usize) -> Vec<Slot<'_>> {
-        match self {
-            HostBuf::U8(v) => v[..n * slot_len]
+    pub(crate) fn slots(&mut self, n: usize, slot_len: usize) -> Result<Vec<Slot<'_>>> {
+        Ok(match self.view()? {
+            View::U8(v) => v[..n * slot_len]
                 .chunks_exact_mut(slot_len)
                 .map(Slot::U8)
                 .collect(),
-            HostBuf::F32(v) => v[..n * slot_len]
+            View::F32(v) => v[..n * slot_len]
                 .chunks_exact_mut(slot_len)
                 .map(Slot::F32)
                 .collect(),
-        }
+        })
     }
 
     /// Moves slot `from` to slot `to` (`to < from`), closing a gap left by a
     /// skipped sample.
-    pub(crate) fn move_slot(&mut self, from: usize, to: usize, slot_len: usize) {
+    pub(crate) fn move_slot(&mut self, from: usize, to: usize, slot_len: usize) -> Result<()> {
         let src = from * slot_len..(from + 1) * slot_len;
-        match self {
-            HostBuf::U8(v) => v.copy_within(src, to * slot_len),
-            HostBuf::F32(v) => v.copy_within(src, to * slot_len),
+        match self.view()? {
+            View::U8(v) => v.copy_within(src, to * slot_len),
+            View::F32(v) => v.copy_within(src, to * slot_len),
         }
+        Ok(())
     }
 }
 
@@ -99,14 +134,21 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool of `capacity` buffers of `elems` elements each.
-    pub(crate) fn new(capacity: usize, elems: usize, output: Output) -> Self {
+    /// A pool of `capacity` buffers of `elems` elements each. `prealloc`
+    /// (pinned buffers, allocated once up front) fills the free list; other
+    /// buffers are allocated on first use.
+    pub(crate) fn new(
+        capacity: usize,
+        elems: usize,
+        output: Output,
+        prealloc: Vec<HostBuf>,
+    ) -> Self {
         Self {
             capacity,
             elems,
             output,
             state: Mutex::new(State {
-                free: Vec::with_capacity(capacity),
+                free: prealloc,
                 out: 0,
             }),
             cv: Condvar::new(),
@@ -186,7 +228,7 @@ mod tests {
 
     #[test]
     fn blocks_at_capacity_and_reuses_buffers() {
-        let pool = Arc::new(Pool::new(2, 4, Output::U8Nhwc));
+        let pool = Arc::new(Pool::new(2, 4, Output::U8Nhwc, Vec::new()));
         let cancel = Arc::new(AtomicBool::new(false));
         let mut a = pool.acquire(&cancel).unwrap();
         if let Slot::U8(s) = a.slot(0, 4) {
@@ -205,7 +247,7 @@ mod tests {
 
     #[test]
     fn cancel_unblocks_acquire() {
-        let pool = Arc::new(Pool::new(1, 4, Output::U8Nhwc));
+        let pool = Arc::new(Pool::new(1, 4, Output::U8Nhwc, Vec::new()));
         let cancel = Arc::new(AtomicBool::new(false));
         let _a = pool.acquire(&cancel).unwrap();
         let (p, c) = (pool.clone(), cancel.clone());

@@ -201,12 +201,14 @@ fn main() -> Res<()> {
             Some(v) => Some(evaluate(&model, v)?),
             None => None,
         };
+        let steps = seen.div_ceil(args.batch_size as u64).max(1);
         println!(
-            "epoch {epoch}: loss {:.3}  train acc {:.1}%  {}images/s {:.0}  data wait {:.1}% of step time",
+            "epoch {epoch}: loss {:.3}  train acc {:.1}%  {}images/s {:.0}  step {:.1} ms  data wait {:.1}% of step time",
             loss_sum / seen.max(1) as f64,
             100.0 * correct as f64 / seen.max(1) as f64,
             val_acc.map_or(String::new(), |a| format!("val acc {:.1}%  ", 100.0 * a)),
             seen as f64 / elapsed.as_secs_f64(),
+            1e3 * compute.as_secs_f64() / steps as f64,
             100.0 * wait.as_secs_f64() / (wait + compute).as_secs_f64().max(1e-9),
         );
     }
