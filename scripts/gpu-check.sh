@@ -4,6 +4,7 @@
 #   scripts/gpu-check.sh build   # on a machine without a GPU (this project's): builds
 #                                # release binaries with --features cuda into gpu-check/
 #   scripts/gpu-check.sh run     # on the GPU machine, repo root, gpu-check/ carried along
+#                                # (device tool: carry ["gpu-check"], timeout ~480 s)
 #
 # build: nvcc 13.0 from PyPI wheels (scripts/nvcc-env.sh), CUDA libraries
 # linked against stubs with the real sonames (shared/gpu/make-stubs.sh); the
@@ -24,27 +25,42 @@ build)
   stubs=$PWD/target/gpu-stubs
   mkdir -p "$stubs" "$out"
   export CARGO_TARGET_DIR=$PWD/target/gpu RUSTFLAGS="-L native=$stubs"
+  # The same packages and features in both commands, so candle's kernels
+  # build once and the second command only links.
   build() {
-    cargo build --release -p train-example --features cuda
-    cargo build --release -p benches --features cuda --bin h2d --bin make-dataset
-    cargo test --release -p tests --features cuda --test cuda --no-run --message-format=json \
+    cargo build --release -p train-example -p benches -p tests \
+      --features train-example/cuda,benches/cuda,tests/cuda \
+      --bin train-example --bin h2d --bin make-dataset
+    cargo test --release -p train-example -p benches -p tests \
+      --features train-example/cuda,benches/cuda,tests/cuda \
+      --test cuda --no-run --message-format=json \
       | grep -o '"executable":"[^"]*cuda-[^"]*"' | cut -d'"' -f4 | tail -1 >"$out/test-path"
   }
   # The first pass stops at the link step (no CUDA libraries here) with every
   # rlib built; the stubs come from their undefined symbols; the second links.
   build >/dev/null 2>&1 || true
-  bash ../shared/gpu/make-stubs.sh "$stubs" "$CARGO_TARGET_DIR"/release/deps/*.rlib >/dev/null
+  bash ../shared/gpu/make-stubs.sh "$stubs" "$CARGO_TARGET_DIR"/release/deps/*.rlib \
+    "$CARGO_TARGET_DIR"/release/build/candle-kernels-*/out/*.a >/dev/null
   build
   cp "$CARGO_TARGET_DIR"/release/train-example "$CARGO_TARGET_DIR"/release/h2d \
     "$CARGO_TARGET_DIR"/release/make-dataset "$out/"
   cp "$(cat "$out/test-path")" "$out/cuda-tests"
+  # Stripped and gzipped: ~40 MB in all, under the device tool's 64 MiB carry.
+  for f in train-example h2d make-dataset cuda-tests; do
+    strip "$out/$f" && gzip -f "$out/$f"
+  done
   ls -la "$out"
   ;;
 run)
+  for f in "$out"/*.gz; do gunzip -kf "$f"; done
+  chmod +x "$out"/train-example "$out"/h2d "$out"/make-dataset "$out"/cuda-tests
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-  # The pip CUDA libraries on the GPU machine, if any, for cudart/cublas/curand/nvrtc.
-  for d in /usr/local/lib/python3*/dist-packages/nvidia/*/lib /usr/lib/python3*/site-packages/nvidia/*/lib; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+  # cudart/cublas/curand/nvrtc 13 from the pip `nvidia` packages there (PyTorch's);
+  # libcuda comes with the driver.
+  for root in $(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null); do
+    for d in "$root"/*/lib "$root"/cu13/lib; do
+      [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+    done
   done
   echo "== (a) CUDA integration tests"
   "$out/cuda-tests" --test-threads 1
