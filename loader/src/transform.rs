@@ -329,24 +329,6 @@ impl ImageTransform {
         index: usize,
         slot: Slot<'_>,
     ) -> Result<()> {
-        let len = match &slot {
-            Slot::U8(s) => s.len(),
-            Slot::F32(s) => s.len(),
-        };
-        let kind_ok = matches!(
-            (&slot, self.output),
-            (Slot::U8(_), Output::U8Nhwc) | (Slot::F32(_), Output::F32Nchw { .. })
-        );
-        if len != self.slot_len() || !kind_ok {
-            return Err(Error::Transform {
-                key: key.into(),
-                reason: format!(
-                    "slot of {len} elements does not match the output {:?} of {} elements",
-                    self.output,
-                    self.slot_len()
-                ),
-            });
-        }
         let (crop, flip) = self.params(iw, ih, epoch, index);
         self.resample(resizer, resized, key, decoded, (iw, ih), crop, flip, slot)
     }
@@ -370,6 +352,24 @@ impl ImageTransform {
         flip: bool,
         slot: Slot<'_>,
     ) -> Result<()> {
+        let len = match &slot {
+            Slot::U8(s) => s.len(),
+            Slot::F32(s) => s.len(),
+        };
+        let kind_ok = matches!(
+            (&slot, self.output),
+            (Slot::U8(_), Output::U8Nhwc) | (Slot::F32(_), Output::F32Nchw { .. })
+        );
+        if len != self.slot_len() || !kind_ok {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "slot of {len} elements does not match the output {:?} of {} elements",
+                    self.output,
+                    self.slot_len()
+                ),
+            });
+        }
         let (ow, oh) = (self.width, self.height);
         let exact = crop.width == ow as f64
             && crop.height == oh as f64
@@ -580,6 +580,20 @@ mod tests {
                 assert!(c.left + c.width <= iw as f64 && c.top + c.height <= ih as f64);
             }
         }
+    }
+
+    #[test]
+    fn a_slot_of_the_wrong_size_or_type_is_an_error() {
+        let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 8, 8, 0).unwrap();
+        let px = vec![0u8; 16 * 16 * 3];
+        let mut small = vec![0u8; 10];
+        assert!(t
+            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::U8(&mut small))
+            .is_err());
+        let mut floats = vec![0f32; t.slot_len()];
+        assert!(t
+            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::F32(&mut floats))
+            .is_err());
     }
 
     #[test]
