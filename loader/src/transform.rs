@@ -270,7 +270,8 @@ impl ImageTransform {
         }
         let (iw, ih) = decode_rgb_into(key, bytes, decoded)?;
         let t1 = Instant::now();
-        self.transform_into(resizer, resized, key, decoded, (iw, ih), epoch, index, slot)?;
+        let (crop, flip) = self.params(iw, ih, epoch, index);
+        self.resample(resizer, resized, key, decoded, (iw, ih), crop, flip, slot)?;
         Ok(SampleTimes {
             decode: t1 - t0,
             transform: t1.elapsed(),
@@ -304,33 +305,18 @@ impl ImageTransform {
             let Scratch {
                 resizer, resized, ..
             } = &mut *cell.borrow_mut();
-            self.transform_into(
+            let (crop, flip) = self.params(width, height, epoch, index);
+            self.resample(
                 resizer,
                 resized,
                 key,
                 rgb,
                 (width, height),
-                epoch,
-                index,
+                crop,
+                flip,
                 slot,
             )
         })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn transform_into(
-        &self,
-        resizer: &mut Resizer,
-        resized: &mut Vec<u8>,
-        key: &str,
-        decoded: &[u8],
-        (iw, ih): (usize, usize),
-        epoch: u64,
-        index: usize,
-        slot: Slot<'_>,
-    ) -> Result<()> {
-        let (crop, flip) = self.params(iw, ih, epoch, index);
-        self.resample(resizer, resized, key, decoded, (iw, ih), crop, flip, slot)
     }
 
     /// Output width and height.
