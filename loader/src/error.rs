@@ -44,6 +44,19 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A shard (TFRecord, tar, safetensors) is damaged or not in the format
+    /// it claims: a bad checksum, a truncated record, a header that lies.
+    #[error("shard {path:?} at byte {offset}: {reason}")]
+    Shard {
+        /// The shard file.
+        path: PathBuf,
+        /// Byte offset of the damaged record or header in the shard (in the
+        /// decompressed stream for a compressed shard).
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+
     /// A sample's file holds no bytes.
     #[error("{key:?} is an empty file")]
     EmptyFile {

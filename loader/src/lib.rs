@@ -54,6 +54,7 @@
 
 #![deny(missing_docs)]
 
+mod convert;
 mod decode;
 #[cfg(feature = "turbojpeg")]
 mod decode_turbo;
@@ -65,14 +66,21 @@ mod rng;
 mod sampler;
 mod source;
 mod stats;
+mod stream;
 mod transform;
 
+pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::decode_rgb_into;
 pub use error::{Error, Result};
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, NormalizeAt, Skipped};
 pub use sampler::Sampler;
-pub use source::{FileList, ImageFolder, MemorySource, Record, Source};
+pub use source::{
+    shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record, RecordStream,
+    SafetensorsShards, SafetensorsWriter, ShardInfo, ShardOptions, Source, TfRecord,
+    TfRecordOptions, TfRecordWriter, WebDataset, WebDatasetOptions, WebDatasetWriter,
+};
 pub use stats::Stats;
+pub use stream::Interleave;
 pub use transform::{
     ImageTransform, Output, SampleTimes, Slot, Transforms, IMAGENET_MEAN, IMAGENET_STD,
 };

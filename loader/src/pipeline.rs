@@ -3,7 +3,8 @@
 //! Threads, created once per [`Loader`]:
 //! - `wick-feed`: walks the epoch's batches in order, takes a buffer from the
 //!   pool for each (blocking when none is free) and hands the batch to the
-//!   decode pool.
+//!   decode pool. In the streaming mode it also reads the batch's records
+//!   from the shards, sequentially.
 //! - `wick-decode-{i}`: the loader's own rayon pool; the samples of a batch
 //!   are read, decoded and transformed in parallel straight into their slots.
 //! - `wick-upload`: puts finished batches back in batch order, turns each
@@ -13,8 +14,9 @@
 use crate::error::{Error, Result};
 use crate::pool::{HostBuf, Pool};
 use crate::sampler::{Plan, Sampler};
-use crate::source::Source;
+use crate::source::{Record, Source};
 use crate::stats::{Counters, Stats};
+use crate::stream::{Interleave, StreamPlanner, Streamed};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -24,7 +26,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -102,6 +104,8 @@ pub struct LoaderBuilder {
     bad_samples: BadSamples,
     normalize_at: NormalizeAt,
     dtype: Option<DType>,
+    interleave: Option<Interleave>,
+    shuffle_buffer: Option<usize>,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -144,6 +148,36 @@ impl LoaderBuilder {
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle = Some(seed);
         self.seed = seed;
+        self
+    }
+
+    /// Streaming mode: read the source's shards sequentially,
+    /// `cycle_length` at a time, `block_length` records from each in turn
+    /// (tf.data's deterministic `interleave`), then through a shuffle buffer
+    /// (see [`shuffle_buffer`](Self::shuffle_buffer)). With
+    /// [`shuffle`](Self::shuffle) the shard order is reshuffled every epoch;
+    /// ranks get whole shards, dealt round robin after the shuffle, and every
+    /// rank runs the batch count of the rank with the fewest records.
+    /// WebDataset's `shardshuffle=True` + `.shuffle(n)` is
+    /// `interleave(1, 1)` + `shuffle_buffer(n)`.
+    ///
+    /// Needs a sharded source ([`crate::TfRecord`], [`crate::WebDataset`],
+    /// [`crate::SafetensorsShards`]); compressed TFRecords can only be read
+    /// this way. Default: random access, where the whole epoch is one
+    /// permutation (a better shuffle when the storage allows random reads).
+    pub fn interleave(mut self, cycle_length: usize, block_length: usize) -> Self {
+        self.interleave = Some(Interleave {
+            cycle_length,
+            block_length,
+        });
+        self
+    }
+
+    /// Records held in the streaming mode's shuffle buffer (their encoded
+    /// bytes stay in memory). Default 1,024 when shuffling; ignored without
+    /// [`shuffle`](Self::shuffle). Needs [`interleave`](Self::interleave).
+    pub fn shuffle_buffer(mut self, records: usize) -> Self {
+        self.shuffle_buffer = Some(records);
         self
     }
 
@@ -248,14 +282,30 @@ impl LoaderBuilder {
             Some(s) => s,
             None => shard_from_env()?,
         };
-        let sampler = Sampler::new(
-            self.source.len(),
-            self.batch_size,
-            self.shuffle,
-            self.drop_last,
-            rank,
-            world_size,
-        )?;
+        let order = match self.interleave {
+            Some(il) => Order::Stream(StreamPlanner::new(
+                self.source.shards(),
+                self.batch_size,
+                self.shuffle,
+                self.drop_last,
+                (rank, world_size),
+                il,
+                self.shuffle_buffer.unwrap_or(1024),
+            )?),
+            None if self.shuffle_buffer.is_some() => {
+                return Err(Error::InvalidConfig(
+                    "shuffle_buffer applies to the streaming mode: set interleave(..) too".into(),
+                ))
+            }
+            None => Order::Sampled(Sampler::new(
+                self.source.len(),
+                self.batch_size,
+                self.shuffle,
+                self.drop_last,
+                rank,
+                world_size,
+            )?),
+        };
         let (h, w) = self.size;
         let transforms = match self.transforms {
             TransformChoice::Train => Transforms::train(),
@@ -294,7 +344,7 @@ impl LoaderBuilder {
             bad_samples: self.bad_samples,
             finish,
         });
-        Loader::start(shared, sampler, workers, self.in_flight, self.prefetch)
+        Loader::start(shared, order, workers, self.in_flight, self.prefetch)
     }
 }
 
@@ -438,11 +488,40 @@ enum Msg {
     },
 }
 
+/// How epochs are ordered: a sampler over random access, or shard streams.
+#[derive(Debug)]
+enum Order {
+    Sampled(Sampler),
+    Stream(StreamPlanner),
+}
+
+impl Order {
+    fn plan(&self, epoch: u64) -> Plan {
+        match self {
+            Order::Sampled(s) => s.plan(epoch),
+            Order::Stream(s) => s.plan(epoch),
+        }
+    }
+}
+
+/// The records of a streamed epoch, read by the feeder.
+struct RecordIter(Box<dyn Iterator<Item = Streamed> + Send>);
+
+impl std::fmt::Debug for RecordIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordIter")
+    }
+}
+
+/// A record the feeder read, with the time the read took.
+type PreRead = Option<(Result<Record>, Duration)>;
+
 /// An epoch for the feeder thread.
 #[derive(Debug)]
 struct EpochCmd {
     epoch: u64,
     plan: Plan,
+    stream: Option<RecordIter>,
     start: usize,
     cancel: Arc<AtomicBool>,
     out: Sender<Result<Batch>>,
@@ -455,7 +534,7 @@ type DecodeThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
 #[derive(Debug)]
 pub struct Loader {
     shared: Arc<Shared>,
-    sampler: Sampler,
+    order: Order,
     cmd: Option<Sender<EpochCmd>>,
     ack: Receiver<()>,
     threads: Vec<JoinHandle<()>>,
@@ -501,12 +580,14 @@ impl Loader {
             bad_samples: BadSamples::Fail,
             normalize_at: NormalizeAt::Auto,
             dtype: None,
+            interleave: None,
+            shuffle_buffer: None,
         }
     }
 
     fn start(
         shared: Arc<Shared>,
-        sampler: Sampler,
+        order: Order,
         workers: usize,
         in_flight: usize,
         prefetch: usize,
@@ -536,7 +617,7 @@ impl Loader {
         let (ack_tx, ack_rx) = bounded::<()>(1);
         let mut loader = Loader {
             shared: shared.clone(),
-            sampler,
+            order,
             cmd: Some(cmd_tx),
             ack: ack_rx,
             threads: Vec::new(),
@@ -576,14 +657,21 @@ impl Loader {
     /// interrupted epoch: they equal the batches a full run yields from
     /// there. A `start` past the end gives an empty epoch.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
-        let plan = self.sampler.plan(epoch);
+        let plan = self.order.plan(epoch);
         let total = plan.batches.len();
+        let stream = match &self.order {
+            Order::Stream(s) => Some(RecordIter(Box::new(
+                s.records(epoch, self.shared.source.clone()),
+            ))),
+            Order::Sampled(_) => None,
+        };
         let start = start.min(total);
         let (out_tx, out_rx) = bounded(self.prefetch);
         let cancel = Arc::new(AtomicBool::new(false));
         let cmd = EpochCmd {
             epoch,
             plan,
+            stream,
             start,
             cancel: cancel.clone(),
             out: out_tx,
@@ -599,9 +687,14 @@ impl Loader {
         }
     }
 
-    /// Batches per epoch for this rank.
+    /// Batches per epoch for this rank. In the streaming mode with several
+    /// ranks the count can change from epoch to epoch (shards are dealt
+    /// anew); this is epoch 0's, and [`Epoch::len`] is exact.
     pub fn len(&self) -> usize {
-        self.sampler.num_batches()
+        match &self.order {
+            Order::Sampled(s) => s.num_batches(),
+            Order::Stream(s) => s.num_batches(0),
+        }
     }
 
     /// Whether an epoch has no batch (never true for a built loader: an
@@ -610,9 +703,14 @@ impl Loader {
         self.len() == 0
     }
 
-    /// The sampler that orders and shards the epochs.
-    pub fn sampler(&self) -> &Sampler {
-        &self.sampler
+    /// This rank's batches of `epoch`, as source indices, in the order the
+    /// loader yields them.
+    pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
+        let plan = self.order.plan(epoch);
+        plan.batches
+            .iter()
+            .map(|r| plan.order[r.clone()].to_vec())
+            .collect()
     }
 
     /// The per-sample function the workers run.
@@ -733,6 +831,7 @@ fn feed(
         let EpochCmd {
             epoch,
             plan,
+            mut stream,
             start,
             cancel,
             out,
@@ -747,18 +846,41 @@ fn feed(
         }
         let plan = Arc::new(plan);
         let mut dispatched = 0;
+        // Reports batch `index` as failed; the epoch stops after it.
+        let fail = |index, e| {
+            let _ = done.send(Msg::Done(Filled {
+                index,
+                result: Some(Err(e)),
+            }));
+            shared.counters.batch_started();
+        };
+        if let Some(stream) = &mut stream {
+            // Resuming a stream: read past the batches before `start`.
+            let skip = plan
+                .batches
+                .get(..start)
+                .map_or(0, |b| b.iter().map(|r| r.len()).sum());
+            stream.0.by_ref().take(skip).for_each(drop);
+        }
         for index in start..plan.batches.len() {
+            let pre = match &mut stream {
+                Some(stream) => match read_batch(&plan, index, &mut stream.0) {
+                    Ok(pre) => pre,
+                    Err(e) => {
+                        fail(index, e);
+                        dispatched += 1;
+                        break;
+                    }
+                },
+                None => Vec::new(),
+            };
             let Some(mut buf) = shared.pool.acquire(&cancel) else {
                 break;
             };
             if let Err(e) = buf.wait_writable() {
                 // A device error: report it as this batch and stop the epoch.
                 shared.pool.release(None);
-                let _ = done.send(Msg::Done(Filled {
-                    index,
-                    result: Some(Err(e)),
-                }));
-                shared.counters.batch_started();
+                fail(index, e);
                 dispatched += 1;
                 break;
             }
@@ -768,7 +890,7 @@ fn feed(
                 (shared.clone(), plan.clone(), cancel.clone(), done.clone());
             decode_pool.spawn(move || {
                 let filled = catch_unwind(AssertUnwindSafe(|| {
-                    fill(&shared, &plan, index, epoch, buf, &cancel)
+                    fill(&shared, &plan, index, epoch, buf, &cancel, pre)
                 }))
                 .unwrap_or_else(|payload| {
                     // The buffer was lost with the panic; return its permit.
@@ -788,6 +910,28 @@ fn feed(
             return;
         }
     }
+}
+
+/// Reads batch `index`'s records from the epoch's stream, checking that
+/// they come in the plan's order.
+fn read_batch(
+    plan: &Plan,
+    index: usize,
+    stream: &mut (dyn Iterator<Item = Streamed> + Send),
+) -> Result<Vec<PreRead>> {
+    plan.order[plan.batches[index].clone()]
+        .iter()
+        .map(|&want| {
+            let t = Instant::now();
+            match stream.next() {
+                Some((got, record)) if got == want => Ok(Some((record, t.elapsed()))),
+                _ => Err(Error::PipelineStopped {
+                    delivered: index,
+                    expected: plan.batches.len(),
+                }),
+            }
+        })
+        .collect()
 }
 
 /// One sample's fate in a batch.
@@ -812,18 +956,32 @@ fn process(
     index: usize,
     slot: Slot<'_>,
     cancel: &AtomicBool,
+    pre: PreRead,
 ) -> Outcome {
     if cancel.load(Ordering::Relaxed) {
         return Outcome::Cancelled;
     }
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
-        let record = shared.source.read(index).map_err(|e| (None, e))?;
-        let read = t0.elapsed();
-        let times = shared
-            .transform
-            .apply(&record.key, &record.bytes, epoch, index, slot)
-            .map_err(|e| (Some(record.key.clone()), e))?;
+        let (record, read) = match pre {
+            Some((record, read)) => (record, read),
+            None => (shared.source.read(index), t0.elapsed()),
+        };
+        let record = record.map_err(|e| (None, e))?;
+        let tr = &shared.transform;
+        let times = match record.rgb_size {
+            None => tr.apply(&record.key, &record.bytes, epoch, index, slot),
+            Some(wh) => {
+                let t = Instant::now();
+                tr.apply_decoded(&record.key, &record.bytes, wh, epoch, index, slot)
+                    .map(|()| crate::transform::SampleTimes {
+                        decode: Duration::ZERO,
+                        transform: t.elapsed(),
+                        decoded_bytes: record.bytes.len() as u64,
+                    })
+            }
+        }
+        .map_err(|e| (Some(record.key.clone()), e))?;
         shared.counters.sample(read, &times);
         Ok((record.key, record.label))
     };
@@ -854,14 +1012,17 @@ fn fill(
     epoch: u64,
     mut buf: HostBuf,
     cancel: &AtomicBool,
+    mut pre: Vec<PreRead>,
 ) -> Filled {
     let indices = &plan.order[plan.batches[index].clone()];
     let slot_len = shared.transform.slot_len();
+    pre.resize_with(indices.len(), || None);
     let outcomes: Result<Vec<Outcome>> = buf.slots(indices.len(), slot_len).map(|slots| {
         slots
             .into_par_iter()
             .zip(indices.par_iter())
-            .map(|(slot, &i)| process(shared, epoch, i, slot, cancel))
+            .zip(pre.into_par_iter())
+            .map(|((slot, &i), pre)| process(shared, epoch, i, slot, cancel, pre))
             .collect()
     });
     let outcomes = match outcomes {

@@ -12,6 +12,10 @@ pub(crate) enum Purpose {
     Shuffle = 1,
     /// The augmentation draws of one sample.
     Sample = 2,
+    /// The order of the shards in the streaming mode.
+    ShardShuffle = 3,
+    /// The shuffle buffer of the streaming mode (one stream per rank).
+    ShuffleBuffer = 4,
 }
 
 /// The ChaCha8 stream for `(seed, epoch, purpose, index)`.

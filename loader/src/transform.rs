@@ -415,11 +415,13 @@ impl ImageTransform {
                 let left = ((nw - self.width) as f64 / 2.0).round();
                 let top = ((nh - self.height) as f64 / 2.0).round();
                 let (sx, sy) = (w / nw as f64, h / nh as f64);
+                // `min`: rounding must not push the window past the edge
+                // (20x18 -> 13x12, crop 12: 1.538 + 18.46 > 20 by an ulp).
                 let crop = Crop {
                     left: left * sx,
                     top: top * sy,
-                    width: self.width as f64 * sx,
-                    height: self.height as f64 * sy,
+                    width: (self.width as f64 * sx).min(w - left * sx),
+                    height: (self.height as f64 * sy).min(h - top * sy),
                 };
                 (crop, false)
             }
@@ -564,6 +566,27 @@ mod tests {
                 let c = random_resized_crop(&mut rng, iw, ih, (0.08, 1.0), (0.75, 4.0 / 3.0));
                 assert!(c.width >= 1.0 && c.height >= 1.0);
                 assert!(c.left + c.width <= iw as f64 && c.top + c.height <= ih as f64);
+            }
+        }
+    }
+
+    #[test]
+    fn eval_crop_never_leaves_the_image() {
+        // Sizes whose scaled window overshot the edge by an ulp (20x18, 12).
+        for size in 1..24 {
+            let t = ImageTransform::new(
+                Transforms::ResizeCenterCrop { resize: size },
+                Output::U8Nhwc,
+                size,
+                size,
+                0,
+            )
+            .unwrap();
+            let mut out = vec![0u8; t.slot_len()];
+            for (w, h) in [(20, 18), (18, 20), (31, 7), (7, 31), (24, 24)] {
+                let px = vec![7u8; w * h * 3];
+                t.apply_decoded("k", &px, (w, h), 0, 0, Slot::U8(&mut out))
+                    .unwrap_or_else(|e| panic!("{w}x{h} -> {size}: {e}"));
             }
         }
     }

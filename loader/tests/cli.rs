@@ -67,3 +67,73 @@ fn bench_names_a_missing_dataset() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/wick-data.csv"), "{err}");
 }
+
+#[test]
+fn convert_writes_every_format_and_bench_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10u8 {
+        write_png(
+            &dir.path().join(format!("folder/c{}/{i}.png", i % 2)),
+            i * 20,
+        );
+    }
+    for (format, stream) in [
+        ("tfrecord", false),
+        ("wds", true),
+        ("safetensors", false),
+        ("safetensors-pixels", true),
+    ] {
+        let dst = dir.path().join(format);
+        let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+            .arg("convert")
+            .arg(dir.path().join("folder"))
+            .arg(&dst)
+            .args([
+                "--format",
+                format,
+                "--shard-size",
+                "4",
+                "--pixels-size",
+                "12",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("wrote 10 records in 3 shards"), "{stdout}");
+        let r = if stream {
+            bench_json_with(&dst, &["--interleave", "2,1", "--shuffle-buffer", "3"])
+        } else {
+            bench_json(&dst)
+        };
+        assert_eq!(r["samples"], 10, "{format}: {r}");
+    }
+}
+
+fn bench_json_with(data: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .arg("bench")
+        .arg(data)
+        .args([
+            "--batch-size",
+            "4",
+            "--image-size",
+            "8",
+            "--epochs",
+            "1",
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}

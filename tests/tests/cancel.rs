@@ -16,11 +16,7 @@ impl Source for Slow {
     }
     fn read(&self, index: usize) -> Result<Record> {
         std::thread::sleep(Duration::from_millis(20));
-        Ok(Record {
-            key: format!("slow{index}"),
-            bytes: self.0.clone(),
-            label: 0,
-        })
+        Ok(Record::encoded(format!("slow{index}"), self.0.clone(), 0))
     }
 }
 

@@ -7,11 +7,7 @@ use tests::{encode, pattern};
 fn source(n: usize) -> MemorySource {
     let png = encode(&pattern(8, 8, 0), image::ImageFormat::Png);
     (0..n)
-        .map(|i| Record {
-            key: format!("s{i}"),
-            bytes: png.clone(),
-            label: (i % 3) as u32,
-        })
+        .map(|i| Record::encoded(format!("s{i}"), png.clone(), (i % 3) as u32))
         .collect()
 }
 

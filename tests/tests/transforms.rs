@@ -115,11 +115,7 @@ fn f32_output_is_planar_and_normalized() {
             Rgb([0, 255, 30])
         }
     });
-    let source = MemorySource::new(vec![Record {
-        key: "k".into(),
-        bytes: png(&img),
-        label: 4,
-    }]);
+    let source = MemorySource::new(vec![Record::encoded("k", png(&img), 4)]);
     let mut loader = Loader::builder(source)
         .image_size(8)
         .transforms(Transforms::ResizeCenterCrop { resize: 8 })

@@ -169,7 +169,7 @@ fn main() -> Res<()> {
         args.depth,
         args.width,
         classes,
-        train.sampler().batches(0).iter().map(Vec::len).sum::<usize>(),
+        train.batches(0).iter().map(Vec::len).sum::<usize>(),
         args.batch_size,
         steps_per_epoch,
         train.workers()

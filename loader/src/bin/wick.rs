@@ -1,10 +1,18 @@
 //! `wick`: command-line tools for the candle-wick loader.
 //!
-//! `wick bench DIR` runs the loader over an ImageFolder (a folder) or a file
-//! list (a `.csv`/`.tsv` file) with no model attached and reports its
-//! throughput, per-stage times and peak memory.
+//! `wick bench DATA` runs the loader over a dataset with no model attached
+//! and reports its throughput, per-stage times and peak memory.
+//! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
+//! safetensors shards.
+//!
+//! A dataset is an ImageFolder (a folder of class folders), a file list
+//! (`.csv`/`.tsv`), or shards: a `.tfrecord`/`.tfrecord.gz`, `.tar` or
+//! `.safetensors` file, or a folder of them.
 
-use candle_wick::{FileList, ImageFolder, Loader, Output, Source, Stats, Transforms};
+use candle_wick::{
+    convert, shard_paths, ConvertOptions, FileList, ImageFolder, Loader, Output, SafetensorsShards,
+    ShardFormat, Source, Stats, TfRecord, Transforms, WebDataset,
+};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -26,12 +34,64 @@ struct Cli {
 enum Command {
     /// Measure loader throughput over a dataset, with no model.
     Bench(BenchArgs),
+    /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
+    Convert(ConvertArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ConvertArgs {
+    /// The dataset to read (any format `wick bench` reads).
+    src: PathBuf,
+    /// Folder for the shards (created if missing).
+    dst: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutFormat::Tfrecord)]
+    format: OutFormat,
+    /// Records per shard.
+    #[arg(long, default_value_t = 1000)]
+    shard_size: usize,
+    /// Re-encode (JPEG) images whose longer side is over N, resized to N.
+    #[arg(long)]
+    max_side: Option<usize>,
+    /// Side of the square images of `--format safetensors-pixels` (shorter
+    /// side resized to it, centre square kept).
+    #[arg(long, default_value_t = 256)]
+    pixels_size: usize,
+    /// JPEG quality of re-encoded images.
+    #[arg(long, default_value_t = 90)]
+    quality: u8,
+    /// Shard file name prefix.
+    #[arg(long, default_value = "data")]
+    prefix: String,
+    /// Threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum OutFormat {
+    /// TFRecord of tf.train.Example (image/encoded, image/class/label).
+    Tfrecord,
+    /// WebDataset tar (<key>.jpg + <key>.cls).
+    Wds,
+    /// safetensors: encoded images + offsets + labels.
+    Safetensors,
+    /// safetensors: pre-resized u8 pixels [N, S, S, 3] + labels.
+    SafetensorsPixels,
 }
 
 #[derive(clap::Args, Debug)]
 struct BenchArgs {
-    /// An ImageFolder (`DIR/<class>/<image>`) or a CSV/TSV file list.
+    /// An ImageFolder (`DIR/<class>/<image>`), a CSV/TSV file list, or
+    /// TFRecord / WebDataset tar / safetensors shards (a file or a folder).
     data: PathBuf,
+    /// Streaming mode: read shards sequentially, CYCLE at a time, BLOCK
+    /// records from each in turn (tf.data interleave), as `CYCLE,BLOCK`.
+    #[arg(long, value_parser = parse_pair)]
+    interleave: Option<(usize, usize)>,
+    /// Shuffle buffer of the streaming mode (records).
+    #[arg(long)]
+    shuffle_buffer: Option<usize>,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
@@ -106,7 +166,28 @@ fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once(',').ok_or("expected CYCLE,BLOCK")?;
+    Ok((
+        a.trim().parse().map_err(|_| "bad CYCLE")?,
+        b.trim().parse().map_err(|_| "bad BLOCK")?,
+    ))
+}
+
+const TFRECORD: &[&str] = &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"];
+
+/// Opens any dataset format, told by file names.
 fn open(path: &Path) -> candle_wick::Result<Box<dyn Source>> {
+    let has = |suffixes: &[&str]| shard_paths(path, suffixes).ok();
+    if let Some(p) = has(TFRECORD) {
+        return Ok(Box::new(TfRecord::open(p)?));
+    }
+    if let Some(p) = has(&[".tar"]) {
+        return Ok(Box::new(WebDataset::open(p)?));
+    }
+    if let Some(p) = has(&[".safetensors"]) {
+        return Ok(Box::new(SafetensorsShards::open(p)?));
+    }
     Ok(if path.is_dir() {
         Box::new(ImageFolder::new(path)?)
     } else {
@@ -125,7 +206,20 @@ fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
         Mode::Train => Transforms::train(),
         Mode::Eval => Transforms::eval(a.image_size),
     };
-    let mut loader = Loader::builder(source)
+    for d in source.damage() {
+        eprintln!(
+            "wick: left out damaged {:?} from byte {}: {}",
+            d.path, d.offset, d.reason
+        );
+    }
+    let mut builder = Loader::builder(source);
+    if let Some((cycle, block)) = a.interleave {
+        builder = builder.interleave(cycle, block);
+    }
+    if let Some(n) = a.shuffle_buffer {
+        builder = builder.shuffle_buffer(n);
+    }
+    let mut loader = builder
         .batch_size(a.batch_size)
         .image_size(a.image_size)
         .workers(a.workers)
@@ -183,9 +277,72 @@ fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
     })
 }
 
+fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let source = open(&a.src)?;
+    let format = match a.format {
+        OutFormat::Tfrecord => ShardFormat::TfRecord,
+        OutFormat::Wds => ShardFormat::WebDataset,
+        OutFormat::Safetensors => ShardFormat::SafetensorsEncoded,
+        OutFormat::SafetensorsPixels => ShardFormat::SafetensorsPixels {
+            size: a.pixels_size,
+        },
+    };
+    let opts = ConvertOptions {
+        format,
+        shard_size: a.shard_size,
+        max_side: a.max_side,
+        quality: a.quality,
+        prefix: a.prefix.clone(),
+        threads: a.threads,
+    };
+    let bar = indicatif::ProgressBar::new(source.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} records, {per_sec}, eta {eta}",
+        )?,
+    );
+    let t = Instant::now();
+    let paths = convert(source.as_ref(), &a.dst, &opts, &|n| {
+        bar.set_position(n as u64)
+    })?;
+    bar.finish_and_clear();
+    let bytes: u64 = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "wrote {} records in {} shards ({:.1} MB) to {} in {:.1?}",
+        source.len(),
+        paths.len(),
+        bytes as f64 / 1e6,
+        a.dst.display(),
+        t.elapsed()
+    );
+    Ok(())
+}
+
+fn report_error(e: &dyn std::error::Error) -> ExitCode {
+    eprint!("wick: {e}");
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        eprint!(": {c}");
+        cur = c.source();
+    }
+    eprintln!();
+    ExitCode::FAILURE
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Bench(args) = cli.command;
+    let args = match cli.command {
+        Command::Bench(args) => args,
+        Command::Convert(args) => {
+            return match run_convert(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => report_error(e.as_ref()),
+            }
+        }
+    };
     match bench(&args) {
         Ok(r) if args.json => match serde_json::to_string_pretty(&r) {
             Ok(s) => {
@@ -226,15 +383,6 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprint!("wick: {e}");
-            let mut cur = e.source();
-            while let Some(c) = cur {
-                eprint!(": {c}");
-                cur = c.source();
-            }
-            eprintln!();
-            ExitCode::FAILURE
-        }
+        Err(e) => report_error(e.as_ref()),
     }
 }

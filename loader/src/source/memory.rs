@@ -7,7 +7,7 @@ use crate::error::Result;
 ///
 /// ```
 /// use candle_wick::{MemorySource, Record, Source};
-/// let src = MemorySource::new(vec![Record { key: "a".into(), bytes: vec![1, 2], label: 3 }]);
+/// let src = MemorySource::new(vec![Record::encoded("a", vec![1, 2], 3)]);
 /// assert_eq!(src.len(), 1);
 /// assert_eq!(src.read(0).unwrap().label, 3);
 /// ```

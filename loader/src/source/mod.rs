@@ -3,10 +3,19 @@
 mod folder;
 mod list;
 mod memory;
+mod shards;
+mod tensors;
+mod tfrecord;
+mod webdataset;
 
 pub use folder::ImageFolder;
 pub use list::FileList;
 pub use memory::MemorySource;
+pub(crate) use shards::read_exact_at;
+pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
+pub use tensors::{SafetensorsShards, SafetensorsWriter};
+pub use tfrecord::{Compression, TfRecord, TfRecordOptions, TfRecordWriter};
+pub use webdataset::{WebDataset, WebDatasetOptions, WebDatasetWriter};
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -21,7 +30,27 @@ pub struct Record {
     pub bytes: Vec<u8>,
     /// The class index.
     pub label: u32,
+    /// `Some((width, height))` when `bytes` are already-decoded RGB u8
+    /// pixels, row-major (pre-resized safetensors shards); `None` for an
+    /// encoded image.
+    pub rgb_size: Option<(usize, usize)>,
 }
+
+impl Record {
+    /// A record of an encoded image (JPEG, PNG, ...).
+    pub fn encoded(key: impl Into<String>, bytes: Vec<u8>, label: u32) -> Self {
+        Self {
+            key: key.into(),
+            bytes,
+            label,
+            rgb_size: None,
+        }
+    }
+}
+
+/// Records of one shard in order, read sequentially: exactly
+/// [`ShardInfo::records`] items, an `Err` standing for a damaged record.
+pub type RecordStream = Box<dyn Iterator<Item = Result<Record>> + Send>;
 
 /// A random-access dataset of encoded records.
 ///
@@ -46,31 +75,59 @@ pub trait Source: Send + Sync + 'static {
     fn key(&self, index: usize) -> String {
         format!("#{index}")
     }
+
+    /// The shards of a sharded source (TFRecord, WebDataset, safetensors),
+    /// in index order: shard `k` holds samples `first..first + records`.
+    /// Empty for sources without shards, which then cannot stream.
+    fn shards(&self) -> &[ShardInfo] {
+        &[]
+    }
+
+    /// Reads shard `shard` sequentially, for the streaming mode
+    /// ([`crate::LoaderBuilder::interleave`]). `None` (the default) means
+    /// the loader reads the shard's records with [`Source::read`] in order,
+    /// which for a file-backed shard is a sequential read already; a source
+    /// whose records cannot be reached by offset (compressed TFRecord)
+    /// returns its own reader.
+    fn stream_shard(&self, shard: usize) -> Result<Option<RecordStream>> {
+        let _ = shard;
+        Ok(None)
+    }
+
+    /// Damaged regions that were left out when the source was opened with
+    /// [`ShardOptions::skip_damaged`]; empty otherwise.
+    fn damage(&self) -> &[Damage] {
+        &[]
+    }
 }
 
-impl<S: Source + ?Sized> Source for std::sync::Arc<S> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn read(&self, index: usize) -> Result<Record> {
-        (**self).read(index)
-    }
-    fn key(&self, index: usize) -> String {
-        (**self).key(index)
-    }
+/// `Source` for smart pointers to a source, forwarding every method.
+macro_rules! forward_source {
+    ($($ptr:ident)::+) => {
+        impl<S: Source + ?Sized> Source for $($ptr)::+<S> {
+            fn len(&self) -> usize {
+                (**self).len()
+            }
+            fn read(&self, index: usize) -> Result<Record> {
+                (**self).read(index)
+            }
+            fn key(&self, index: usize) -> String {
+                (**self).key(index)
+            }
+            fn shards(&self) -> &[ShardInfo] {
+                (**self).shards()
+            }
+            fn stream_shard(&self, shard: usize) -> Result<Option<RecordStream>> {
+                (**self).stream_shard(shard)
+            }
+            fn damage(&self) -> &[Damage] {
+                (**self).damage()
+            }
+        }
+    };
 }
-
-impl<S: Source + ?Sized> Source for Box<S> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn read(&self, index: usize) -> Result<Record> {
-        (**self).read(index)
-    }
-    fn key(&self, index: usize) -> String {
-        (**self).key(index)
-    }
-}
+forward_source!(std::sync::Arc);
+forward_source!(Box);
 
 /// File extensions (lower case) that the file-backed sources treat as images.
 pub(crate) const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp"];
@@ -125,11 +182,11 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
 pub(crate) fn read_labeled(samples: &[(PathBuf, u32)], index: usize) -> Result<Record> {
     check_index(index, samples.len())?;
     let (path, label) = &samples[index];
-    Ok(Record {
-        key: path.display().to_string(),
-        bytes: read_file(path)?,
-        label: *label,
-    })
+    Ok(Record::encoded(
+        path.display().to_string(),
+        read_file(path)?,
+        *label,
+    ))
 }
 
 /// The key of file `index` of a list of labelled files.

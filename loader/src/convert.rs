@@ -1,0 +1,275 @@
+//! `wick convert`: any source to TFRecord, WebDataset tar or safetensors
+//! shards, optionally pre-resized (FFCV's `max_resolution`).
+
+use crate::decode::decode_rgb_into;
+use crate::error::{Error, Result};
+use crate::source::{SafetensorsWriter, Source, TfRecordWriter, WebDatasetWriter};
+use crate::transform::{ImageTransform, Output, Slot, Transforms};
+use fast_image_resize as fr;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// The shard format [`convert`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShardFormat {
+    /// `<prefix>-00000-of-0000N.tfrecord`: `tf.train.Example`s with
+    /// `image/encoded` and `image/class/label`.
+    TfRecord,
+    /// `<prefix>-000000.tar`: `<key>.<ext>` + `<key>.cls` per sample.
+    WebDataset,
+    /// `<prefix>-00000.safetensors` with `encoded`, `offsets`, `labels`.
+    SafetensorsEncoded,
+    /// `<prefix>-00000.safetensors` with `images` u8 `[N, size, size, 3]`:
+    /// the shorter side resized to `size`, the centre square kept.
+    SafetensorsPixels {
+        /// Side of the stored square images.
+        size: usize,
+    },
+}
+
+/// Settings of [`convert`].
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Output format.
+    pub format: ShardFormat,
+    /// Records per shard. Default 1,000.
+    pub shard_size: usize,
+    /// Re-encode images whose longer side exceeds this, resized (bilinear,
+    /// antialiased) to fit it, keeping the aspect ratio. Smaller images are
+    /// copied byte for byte. `None` (default): every image copied.
+    pub max_side: Option<usize>,
+    /// JPEG quality of re-encoded images. Default 90.
+    pub quality: u8,
+    /// File name prefix of the shards. Default `"data"`.
+    pub prefix: String,
+    /// Threads preparing the records (0: all cores). Default 0.
+    pub threads: usize,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        Self {
+            format: ShardFormat::TfRecord,
+            shard_size: 1000,
+            max_side: None,
+            quality: 90,
+            prefix: "data".into(),
+            threads: 0,
+        }
+    }
+}
+
+/// One record ready to write: the payload, its file extension, the label.
+struct Prepared {
+    bytes: Vec<u8>,
+    ext: &'static str,
+    label: u32,
+}
+
+/// Writes `source` as shards in `dst` (created if missing) and returns
+/// their paths. Records keep the source's order. `progress` is called with
+/// the number of records written so far.
+pub fn convert(
+    source: &dyn Source,
+    dst: &Path,
+    opts: &ConvertOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Vec<PathBuf>> {
+    if opts.shard_size == 0 {
+        return Err(Error::InvalidConfig("shard_size must be at least 1".into()));
+    }
+    if opts.max_side == Some(0) {
+        return Err(Error::InvalidConfig("max_side must be at least 1".into()));
+    }
+    std::fs::create_dir_all(dst).map_err(|source| Error::Io {
+        path: dst.to_path_buf(),
+        source,
+    })?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .thread_name(|i| format!("wick-convert-{i}"))
+        .build()
+        .map_err(Error::ThreadPool)?;
+    let pixels = match opts.format {
+        ShardFormat::SafetensorsPixels { size } => Some(ImageTransform::new(
+            Transforms::ResizeCenterCrop { resize: size },
+            Output::U8Nhwc,
+            size,
+            size,
+            0,
+        )?),
+        _ => None,
+    };
+    let n = source.len();
+    let shards = n.div_ceil(opts.shard_size);
+    let mut paths = Vec::with_capacity(shards);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    for shard in 0..shards {
+        let range = shard * opts.shard_size..((shard + 1) * opts.shard_size).min(n);
+        let records: Vec<Prepared> = pool.install(|| {
+            range
+                .into_par_iter()
+                .map(|i| {
+                    let r = prepare(source, i, opts, pixels.as_ref());
+                    progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+                    r
+                })
+                .collect::<Result<_>>()
+        })?;
+        let path = dst.join(match opts.format {
+            ShardFormat::TfRecord => format!("{}-{shard:05}-of-{shards:05}.tfrecord", opts.prefix),
+            ShardFormat::WebDataset => format!("{}-{shard:06}.tar", opts.prefix),
+            _ => format!("{}-{shard:05}.safetensors", opts.prefix),
+        });
+        write_shard(&path, opts.format, shard * opts.shard_size, &records)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+fn write_shard(path: &Path, format: ShardFormat, first: usize, records: &[Prepared]) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    match format {
+        ShardFormat::TfRecord => {
+            let mut w = TfRecordWriter::create(path)?;
+            for r in records {
+                w.write_example(&r.bytes, r.label).map_err(io)?;
+            }
+            w.finish().map_err(io)?;
+        }
+        ShardFormat::WebDataset => {
+            let mut w = WebDatasetWriter::create(path)?;
+            for (i, r) in records.iter().enumerate() {
+                w.write_sample(&format!("{:09}", first + i), r.ext, &r.bytes, r.label)
+                    .map_err(io)?;
+            }
+            w.finish().map_err(io)?;
+        }
+        ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. } => {
+            let mut w = match format {
+                ShardFormat::SafetensorsPixels { size } => {
+                    SafetensorsWriter::pixels(path, size, size)
+                }
+                _ => SafetensorsWriter::encoded(path),
+            };
+            for r in records {
+                w.push(&r.bytes, r.label)?;
+            }
+            w.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// The file extension of an encoded image, from its first bytes.
+fn extension(bytes: &[u8]) -> &'static str {
+    match image::guess_format(bytes) {
+        Ok(image::ImageFormat::Png) => "png",
+        Ok(image::ImageFormat::WebP) => "webp",
+        Ok(image::ImageFormat::Bmp) => "bmp",
+        _ => "jpg",
+    }
+}
+
+fn prepare(
+    source: &dyn Source,
+    i: usize,
+    opts: &ConvertOptions,
+    pixels: Option<&ImageTransform>,
+) -> Result<Prepared> {
+    let rec = source.read(i)?;
+    if let Some(t) = pixels {
+        let mut out = vec![0; t.slot_len()];
+        match rec.rgb_size {
+            Some(wh) => t.apply_decoded(&rec.key, &rec.bytes, wh, 0, i, Slot::U8(&mut out))?,
+            None => {
+                t.apply(&rec.key, &rec.bytes, 0, i, Slot::U8(&mut out))?;
+            }
+        }
+        return Ok(Prepared {
+            bytes: out,
+            ext: "rgb",
+            label: rec.label,
+        });
+    }
+    let (mut rgb, wh) = match rec.rgb_size {
+        Some(wh) => (rec.bytes.clone(), Some(wh)),
+        None => (Vec::new(), None),
+    };
+    let max = opts.max_side.unwrap_or(usize::MAX);
+    let (w, h) = match wh {
+        Some(wh) => wh,
+        None if opts.max_side.is_none() => {
+            return Ok(Prepared {
+                ext: extension(&rec.bytes),
+                bytes: rec.bytes,
+                label: rec.label,
+            })
+        }
+        None => decode_rgb_into(&rec.key, &rec.bytes, &mut rgb)?,
+    };
+    if w.max(h) <= max && wh.is_none() {
+        return Ok(Prepared {
+            ext: extension(&rec.bytes),
+            bytes: rec.bytes,
+            label: rec.label,
+        });
+    }
+    let s = (max as f64 / w.max(h) as f64).min(1.0);
+    let (nw, nh) = (
+        ((w as f64 * s).round() as usize).max(1),
+        ((h as f64 * s).round() as usize).max(1),
+    );
+    let resized = if (nw, nh) == (w, h) {
+        rgb.truncate(w * h * 3);
+        rgb
+    } else {
+        resize(&rec.key, &mut rgb[..w * h * 3], (w, h), (nw, nh))?
+    };
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, opts.quality)
+        .encode(
+            &resized,
+            nw as u32,
+            nh as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .map_err(|e| Error::Transform {
+            key: rec.key.clone(),
+            reason: format!("JPEG encoding failed: {e}"),
+        })?;
+    Ok(Prepared {
+        bytes: jpeg,
+        ext: "jpg",
+        label: rec.label,
+    })
+}
+
+/// Resizes packed RGB8 pixels, bilinear with antialiasing.
+fn resize(
+    key: &str,
+    rgb: &mut [u8],
+    (w, h): (usize, usize),
+    (nw, nh): (usize, usize),
+) -> Result<Vec<u8>> {
+    let err = |e: String| Error::Transform {
+        key: key.into(),
+        reason: format!("resize failed: {e}"),
+    };
+    let src = fr::images::Image::from_slice_u8(w as u32, h as u32, rgb, fr::PixelType::U8x3)
+        .map_err(|e| err(e.to_string()))?;
+    let mut dst = fr::images::Image::new(nw as u32, nh as u32, fr::PixelType::U8x3);
+    fr::Resizer::new()
+        .resize(
+            &src,
+            &mut dst,
+            &fr::ResizeOptions::new()
+                .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear)),
+        )
+        .map_err(|e| err(e.to_string()))?;
+    Ok(dst.into_vec())
+}

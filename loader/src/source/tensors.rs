@@ -1,0 +1,338 @@
+//! safetensors shards, the pre-packed fast path (as FFCV's `.beton`):
+//! memory-mapped, read without parsing anything per sample.
+//!
+//! Two layouts, told apart by the tensor names:
+//! - **pre-resized pixels**: `images` u8 `[N, H, W, 3]` and `labels` `[N]`:
+//!   no decode at all;
+//! - **encoded images**: `encoded` u8 `[B]` (the JPEG/PNG files one after
+//!   another), `offsets` i64 `[N + 1]` (sample `i` is
+//!   `encoded[offsets[i]..offsets[i + 1]]`) and `labels` `[N]`.
+//!
+//! Labels may be any integer dtype; they are checked on open.
+
+use super::shards::{open_shard, shard_error, ShardSet};
+use super::{Damage, Record, ShardInfo, Source};
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorInfo, TensorView};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug)]
+enum Layout {
+    /// `images [N, H, W, 3]`: pixel data starts at `start`.
+    Pixels {
+        start: usize,
+        height: usize,
+        width: usize,
+    },
+    /// `encoded` at `start`, sample bounds from `offsets`.
+    Encoded {
+        start: usize,
+        bounds: Vec<(usize, usize)>,
+    },
+}
+
+#[derive(Debug)]
+struct Shard {
+    map: Mmap,
+    layout: Layout,
+    labels: Vec<u32>,
+}
+
+/// A dataset of safetensors shards; see the module docs for the layouts.
+///
+/// The shard files are memory-mapped: they must not be modified or
+/// truncated while a loader reads them.
+///
+/// ```no_run
+/// use candle_wick::{Loader, SafetensorsShards};
+/// # fn main() -> candle_wick::Result<()> {
+/// let train = SafetensorsShards::open(["train-0000.safetensors"])?;
+/// let loader = Loader::builder(train).batch_size(256).train_transforms().build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct SafetensorsShards {
+    shards: Vec<Shard>,
+    set: ShardSet,
+}
+
+/// The values of an integer tensor as i64.
+fn ints(data: &[u8], info: &TensorInfo) -> Option<Vec<i64>> {
+    macro_rules! conv {
+        ($t:ty) => {
+            data.chunks_exact(std::mem::size_of::<$t>())
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk size")) as i64)
+                .collect()
+        };
+    }
+    Some(match info.dtype {
+        Dtype::I64 => conv!(i64),
+        Dtype::I32 => conv!(i32),
+        Dtype::I16 => conv!(i16),
+        Dtype::I8 => conv!(i8),
+        Dtype::U32 => conv!(u32),
+        Dtype::U16 => conv!(u16),
+        Dtype::U8 => conv!(u8),
+        Dtype::U64 => data
+            .chunks_exact(8)
+            .map(|c| {
+                i64::try_from(u64::from_le_bytes(c.try_into().expect("8 bytes"))).unwrap_or(-1)
+            })
+            .collect(),
+        _ => return None,
+    })
+}
+
+impl SafetensorsShards {
+    /// Opens shards (in the order given) and checks their headers.
+    pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
+        let mut set = ShardSet::default();
+        let mut shards = Vec::new();
+        for path in paths {
+            let path = path.as_ref();
+            let (file, _) = open_shard(path)?;
+            // SAFETY: the map is read-only and every access below is
+            // bounds-checked against its length. Its contents can change
+            // only if another process writes the file, which the type's docs
+            // forbid; that would give wrong samples, not unsound Rust.
+            let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let shard = open_shard_map(path, map)?;
+            set.push(path, shard.labels.len());
+            shards.push(shard);
+        }
+        Ok(Self { shards, set })
+    }
+}
+
+fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
+    let bad = |reason: String| shard_error(path, 0, reason);
+    let (n, meta) = SafeTensors::read_metadata(&map)
+        .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+    let data_start = 8 + n;
+    let tensor = |name: &str| -> Option<(&TensorInfo, &[u8])> {
+        let info = meta.info(name)?;
+        let (s, e) = info.data_offsets;
+        Some((info, &map[data_start + s..data_start + e]))
+    };
+    let (linfo, ldata) = tensor("labels").ok_or_else(|| bad("no `labels` tensor".into()))?;
+    let raw = ints(ldata, linfo).ok_or_else(|| {
+        bad(format!(
+            "`labels` has dtype {:?}, not an integer",
+            linfo.dtype
+        ))
+    })?;
+    if linfo.shape.len() != 1 {
+        return Err(bad(format!(
+            "`labels` has shape {:?}, not [N]",
+            linfo.shape
+        )));
+    }
+    let labels = raw
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            u32::try_from(l)
+                .map_err(|_| bad(format!("label {l} of sample {i} is not a class index")))
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    let count = labels.len();
+    let layout = if let Some((info, _)) = tensor("images") {
+        match (info.dtype, info.shape.as_slice()) {
+            (Dtype::U8, &[n, h, w, 3]) if n == count && h > 0 && w > 0 => Layout::Pixels {
+                start: data_start + info.data_offsets.0,
+                height: h,
+                width: w,
+            },
+            (d, s) => {
+                return Err(bad(format!(
+                    "`images` is {d:?} {s:?}; expected U8 [{count}, H, W, 3] to match `labels`"
+                )))
+            }
+        }
+    } else if let Some((info, _)) = tensor("encoded") {
+        if info.dtype != Dtype::U8 || info.shape.len() != 1 {
+            return Err(bad(format!(
+                "`encoded` is {:?} {:?}, expected U8 [B]",
+                info.dtype, info.shape
+            )));
+        }
+        let total = info.shape[0];
+        let (oinfo, odata) =
+            tensor("offsets").ok_or_else(|| bad("`encoded` without `offsets`".into()))?;
+        let offsets = ints(odata, oinfo)
+            .filter(|_| oinfo.shape == [count + 1])
+            .ok_or_else(|| {
+                bad(format!(
+                    "`offsets` is {:?} {:?}, expected I64 [{}]",
+                    oinfo.dtype,
+                    oinfo.shape,
+                    count + 1
+                ))
+            })?;
+        let mut bounds = Vec::with_capacity(count);
+        for (i, w) in offsets.windows(2).enumerate() {
+            let ok = w[0] >= 0 && w[0] <= w[1] && w[1] as u64 <= total as u64;
+            if !ok || (i == 0 && w[0] != 0) {
+                return Err(bad(format!(
+                    "`offsets` [{i}..{}] = {}..{} is not a range inside `encoded` ({total} bytes)",
+                    i + 1,
+                    w[0],
+                    w[1]
+                )));
+            }
+            bounds.push((w[0] as usize, w[1] as usize));
+        }
+        Layout::Encoded {
+            start: data_start + info.data_offsets.0,
+            bounds,
+        }
+    } else {
+        return Err(bad("neither `images` nor `encoded` tensor".into()));
+    };
+    Ok(Shard {
+        map,
+        layout,
+        labels,
+    })
+}
+
+impl Source for SafetensorsShards {
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        let (s, n) = self.set.locate(index)?;
+        let shard = &self.shards[s];
+        let key = self.set.key(index);
+        let label = shard.labels[n];
+        Ok(match &shard.layout {
+            Layout::Pixels {
+                start,
+                height,
+                width,
+            } => {
+                let size = height * width * 3;
+                let at = start + n * size;
+                Record {
+                    key,
+                    bytes: shard.map[at..at + size].to_vec(),
+                    label,
+                    rgb_size: Some((*width, *height)),
+                }
+            }
+            Layout::Encoded { start, bounds } => {
+                let (a, b) = bounds[n];
+                if a == b {
+                    return Err(Error::EmptyFile { key });
+                }
+                Record::encoded(key, shard.map[start + a..start + b].to_vec(), label)
+            }
+        })
+    }
+
+    fn key(&self, index: usize) -> String {
+        self.set.key(index)
+    }
+
+    fn shards(&self) -> &[ShardInfo] {
+        &self.set.infos
+    }
+
+    fn damage(&self) -> &[Damage] {
+        &self.set.damage
+    }
+}
+
+/// Writes one safetensors shard in either layout of [`SafetensorsShards`].
+/// Samples are gathered in memory and written by [`Self::finish`].
+#[derive(Debug)]
+pub struct SafetensorsWriter {
+    path: PathBuf,
+    /// `Some((height, width))` for pre-resized pixels.
+    pixels: Option<(usize, usize)>,
+    data: Vec<u8>,
+    offsets: Vec<i64>,
+    labels: Vec<i64>,
+}
+
+impl SafetensorsWriter {
+    /// A shard of pre-resized RGB u8 images, all `height x width`.
+    pub fn pixels(path: impl AsRef<Path>, height: usize, width: usize) -> Self {
+        Self {
+            path: path.as_ref().to_path_buf(),
+            pixels: Some((height, width)),
+            data: Vec::new(),
+            offsets: vec![0],
+            labels: Vec::new(),
+        }
+    }
+
+    /// A shard of encoded images (`encoded` + `offsets`).
+    pub fn encoded(path: impl AsRef<Path>) -> Self {
+        Self {
+            pixels: None,
+            ..Self::pixels(path, 0, 0)
+        }
+    }
+
+    /// Adds a sample: the encoded file, or `height * width * 3` pixels.
+    pub fn push(&mut self, bytes: &[u8], label: u32) -> Result<()> {
+        if let Some((h, w)) = self.pixels {
+            if bytes.len() != h * w * 3 {
+                return Err(Error::InvalidConfig(format!(
+                    "a {h}x{w} RGB sample has {} bytes, got {}",
+                    h * w * 3,
+                    bytes.len()
+                )));
+            }
+        }
+        self.data.extend_from_slice(bytes);
+        self.offsets.push(self.data.len() as i64);
+        self.labels.push(label.into());
+        Ok(())
+    }
+
+    /// Samples added so far.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether no sample was added.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Writes the shard file.
+    pub fn finish(self) -> Result<()> {
+        let n = self.labels.len();
+        let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (labels, offsets) = (le(&self.labels), le(&self.offsets));
+        fn view(dtype: Dtype, shape: Vec<usize>, data: &[u8]) -> Result<TensorView<'_>> {
+            TensorView::new(dtype, shape, data)
+                .map_err(|e| Error::InvalidConfig(format!("safetensors: {e}")))
+        }
+        let mut tensors = vec![("labels", view(Dtype::I64, vec![n], &labels)?)];
+        match self.pixels {
+            Some((h, w)) => {
+                tensors.push(("images", view(Dtype::U8, vec![n, h, w, 3], &self.data)?))
+            }
+            None => {
+                tensors.push((
+                    "encoded",
+                    view(Dtype::U8, vec![self.data.len()], &self.data)?,
+                ));
+                tensors.push(("offsets", view(Dtype::I64, vec![n + 1], &offsets)?));
+            }
+        }
+        safetensors::serialize_to_file(tensors, None, &self.path).map_err(|e| Error::Io {
+            path: self.path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+}

@@ -1,0 +1,380 @@
+//! WebDataset tar shards: the files of a sample share a key (the path up to
+//! the first dot of the file name: `0001.jpg` + `0001.cls`) and follow one
+//! another in the archive.
+
+use super::shards::{open_shard, shard_error, ShardOptions, ShardSet};
+use super::{read_exact_at, Damage, Record, ShardInfo, Source, IMAGE_EXTENSIONS};
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Largest label file read (`.cls`, `.json`).
+const MAX_LABEL_BYTES: u64 = 64 << 10;
+/// Largest image member read.
+const MAX_IMAGE_BYTES: u64 = super::MAX_FILE_BYTES;
+
+/// Options for [`WebDataset::open_with`].
+#[derive(Debug, Clone)]
+pub struct WebDatasetOptions {
+    /// Extensions (lower case) of the image member, in order of preference.
+    /// Default `jpg jpeg png webp bmp`.
+    pub image_exts: Vec<String>,
+    /// Extension of the label member: a decimal integer (`cls`, `cls2`,
+    /// `index`, `txt`), or a JSON object when it ends in `json`, whose
+    /// [`Self::json_label_field`] is the label. `None`: no labels, every
+    /// label is 0. Default `cls`.
+    pub label_ext: Option<String>,
+    /// The field of a JSON label member. Default `label`.
+    pub json_label_field: String,
+    /// Damage handling on open.
+    pub shard: ShardOptions,
+}
+
+impl Default for WebDatasetOptions {
+    fn default() -> Self {
+        Self {
+            image_exts: IMAGE_EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+            label_ext: Some("cls".into()),
+            json_label_field: "label".into(),
+            shard: ShardOptions::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sample {
+    key: String,
+    offset: u64,
+    len: u64,
+    label: u32,
+}
+
+/// A dataset of WebDataset tar shards, read at random through an index of
+/// the tar headers built when it is opened.
+///
+/// ```no_run
+/// use candle_wick::{Loader, WebDataset};
+/// # fn main() -> candle_wick::Result<()> {
+/// let train = WebDataset::open(["shards/train-000000.tar", "shards/train-000001.tar"])?;
+/// let loader = Loader::builder(train).batch_size(64).train_transforms().build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct WebDataset {
+    files: Vec<(PathBuf, File)>,
+    /// Samples of each shard.
+    samples: Vec<Vec<Sample>>,
+    set: ShardSet,
+}
+
+/// The WebDataset split of a member path: `(key, extension)`, the key being
+/// the path up to the first dot of the file name. `None` without a dot.
+fn split_key(path: &str) -> Option<(&str, &str)> {
+    let name_start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = path[name_start..].find('.')? + name_start;
+    Some((&path[..dot], &path[dot + 1..]))
+}
+
+/// A sample being gathered while the shard is indexed.
+#[derive(Default)]
+struct Pending {
+    key: String,
+    image: Option<(u64, u64, usize)>,
+    label: Option<u32>,
+    offset: u64,
+}
+
+impl WebDataset {
+    /// Opens shards with the default options.
+    pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
+        Self::open_with(paths, WebDatasetOptions::default())
+    }
+
+    /// Opens shards (in the order given) and indexes their samples.
+    pub fn open_with(
+        paths: impl IntoIterator<Item = impl AsRef<Path>>,
+        opts: WebDatasetOptions,
+    ) -> Result<Self> {
+        let mut set = ShardSet::default();
+        let (mut files, mut samples) = (Vec::new(), Vec::new());
+        for path in paths {
+            let path = path.as_ref();
+            let (file, len) = open_shard(path)?;
+            let shard = index_shard(path, &file, len, &opts, &mut set)?;
+            set.push(path, shard.len());
+            samples.push(shard);
+            files.push((path.to_path_buf(), file));
+        }
+        Ok(Self {
+            files,
+            samples,
+            set,
+        })
+    }
+}
+
+/// Reads the tar headers of one shard and groups its members into samples.
+fn index_shard(
+    path: &Path,
+    file: &File,
+    file_len: u64,
+    opts: &WebDatasetOptions,
+    set: &mut ShardSet,
+) -> Result<Vec<Sample>> {
+    let mut out = Vec::new();
+    let mut archive = tar::Archive::new(file);
+    let mut next_header = 0u64;
+    let mut pending: Option<Pending> = None;
+    let entries = archive
+        .entries_with_seek()
+        .map_err(|e| shard_error(path, 0, format!("not a tar archive: {e}")))?;
+    let mut damage: Option<(u64, String)> = None;
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                damage = Some((next_header, format!("bad tar header: {e}")));
+                break;
+            }
+        };
+        let header_at = entry.raw_header_position();
+        let (start, size) = (entry.raw_file_position(), entry.size());
+        if start + size > file_len {
+            damage = Some((
+                header_at,
+                format!("member of {size} bytes runs past the end of the file"),
+            ));
+            break;
+        }
+        next_header = start + size.div_ceil(512) * 512;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = match entry.path() {
+            Ok(p) => p.to_string_lossy().into_owned(),
+            Err(e) => {
+                damage = Some((header_at, format!("bad member name: {e}")));
+                break;
+            }
+        };
+        let Some((key, ext)) = split_key(&name) else {
+            continue; // no extension: not part of a sample, as in WebDataset
+        };
+        let ext = ext.to_ascii_lowercase();
+        if pending.as_ref().is_none_or(|p| p.key != key) {
+            if let Some(done) = pending.take() {
+                out.push(finish(path, done, opts)?);
+            }
+            pending = Some(Pending {
+                key: key.to_string(),
+                offset: header_at,
+                ..Pending::default()
+            });
+        }
+        let p = pending.as_mut().expect("set above");
+        if let Some(rank) = opts.image_exts.iter().position(|x| *x == ext) {
+            if size > MAX_IMAGE_BYTES {
+                return Err(shard_error(
+                    path,
+                    header_at,
+                    format!("image member of {size} bytes is over the limit"),
+                ));
+            }
+            if p.image.is_none_or(|(_, _, r)| rank < r) {
+                p.image = Some((start, size, rank));
+            }
+        } else if opts.label_ext.as_deref() == Some(ext.as_str()) {
+            if size > MAX_LABEL_BYTES {
+                return Err(shard_error(
+                    path,
+                    header_at,
+                    format!("label member of {size} bytes is over the limit"),
+                ));
+            }
+            let mut text = String::new();
+            entry.read_to_string(&mut text).map_err(|e| {
+                shard_error(path, start, format!("cannot read label {name:?}: {e}"))
+            })?;
+            let label = parse_label(&text, &ext, &opts.json_label_field).map_err(|reason| {
+                shard_error(path, header_at, format!("label {name:?}: {reason}"))
+            })?;
+            p.label = Some(label);
+        }
+    }
+    if let Some((offset, reason)) = damage {
+        // The sample in progress may have lost members to the damage.
+        set.damaged(&opts.shard, path, offset, reason)?;
+    } else if let Some(done) = pending.take() {
+        out.push(finish(path, done, opts)?);
+    }
+    Ok(out)
+}
+
+fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions) -> Result<Sample> {
+    let Some((offset, len, _)) = p.image else {
+        return Err(shard_error(
+            path,
+            p.offset,
+            format!(
+                "sample {:?} has no image member ({})",
+                p.key,
+                opts.image_exts.join("/")
+            ),
+        ));
+    };
+    let label = match (&opts.label_ext, p.label) {
+        (None, _) => 0,
+        (Some(_), Some(l)) => l,
+        (Some(ext), None) => {
+            return Err(shard_error(
+                path,
+                p.offset,
+                format!("sample {:?} has no .{ext} label", p.key),
+            ))
+        }
+    };
+    Ok(Sample {
+        key: p.key,
+        offset,
+        len,
+        label,
+    })
+}
+
+/// A label member's class index.
+fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, String> {
+    if ext.ends_with("json") {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let l = v
+            .get(json_field)
+            .ok_or_else(|| format!("no field {json_field:?}"))?;
+        l.as_u64()
+            .and_then(|l| u32::try_from(l).ok())
+            .ok_or_else(|| format!("field {json_field:?} is {l}, not a class index"))
+    } else {
+        text.trim()
+            .parse()
+            .map_err(|_| format!("{:?} is not a class index", text.trim()))
+    }
+}
+
+impl Source for WebDataset {
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        let (s, n) = self.set.locate(index)?;
+        let (path, file) = &self.files[s];
+        let sample = &self.samples[s][n];
+        let mut bytes = vec![0; sample.len as usize];
+        read_exact_at(file, path, sample.offset, &mut bytes)?;
+        if bytes.is_empty() {
+            return Err(Error::EmptyFile {
+                key: self.key(index),
+            });
+        }
+        Ok(Record::encoded(self.key(index), bytes, sample.label))
+    }
+
+    fn key(&self, index: usize) -> String {
+        match self.set.locate(index) {
+            Ok((s, n)) => format!("{}:{}", self.files[s].0.display(), self.samples[s][n].key),
+            Err(_) => format!("#{index}"),
+        }
+    }
+
+    fn shards(&self) -> &[ShardInfo] {
+        &self.set.infos
+    }
+
+    fn damage(&self) -> &[Damage] {
+        &self.set.damage
+    }
+}
+
+/// Writes WebDataset tar shards: per sample `<key>.<ext>` with the image
+/// and `<key>.cls` with the label, readable by `webdataset.WebDataset`.
+pub struct WebDatasetWriter<W: Write> {
+    tar: tar::Builder<W>,
+}
+
+impl<W: Write> std::fmt::Debug for WebDatasetWriter<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebDatasetWriter")
+    }
+}
+
+impl WebDatasetWriter<std::io::BufWriter<File>> {
+    /// Creates the file `path`.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = File::create(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self::new(std::io::BufWriter::new(file)))
+    }
+}
+
+impl<W: Write> WebDatasetWriter<W> {
+    /// Writes a tar archive to `out`.
+    pub fn new(out: W) -> Self {
+        Self {
+            tar: tar::Builder::new(out),
+        }
+    }
+
+    fn member(&mut self, name: &str, data: &[u8]) -> std::io::Result<()> {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        self.tar.append_data(&mut header, name, data)
+    }
+
+    /// Writes sample `key`: `key.ext` holding `image`, `key.cls` the label.
+    pub fn write_sample(
+        &mut self,
+        key: &str,
+        ext: &str,
+        image: &[u8],
+        label: u32,
+    ) -> std::io::Result<()> {
+        self.member(&format!("{key}.{ext}"), image)?;
+        self.member(&format!("{key}.cls"), label.to_string().as_bytes())
+    }
+
+    /// Writes the end-of-archive blocks and returns the writer.
+    pub fn finish(self) -> std::io::Result<W> {
+        self.tar.into_inner()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_at_the_first_dot_of_the_file_name() {
+        assert_eq!(
+            split_key("a/b.c/0001.seg.png"),
+            Some(("a/b.c/0001", "seg.png"))
+        );
+        assert_eq!(split_key("0001.jpg"), Some(("0001", "jpg")));
+        assert_eq!(split_key("dir/noext"), None);
+    }
+
+    #[test]
+    fn labels_parse_from_text_and_json() {
+        assert_eq!(parse_label(" 12\n", "cls", "label"), Ok(12));
+        assert_eq!(parse_label(r#"{"label": 3}"#, "json", "label"), Ok(3));
+        assert!(parse_label("-1", "cls", "label").is_err());
+        assert!(parse_label(r#"{"x": 3}"#, "json", "label")
+            .unwrap_err()
+            .contains("no field"));
+    }
+}
