@@ -203,8 +203,14 @@ fn index_shard(
         }
     }
     if let Some((offset, reason)) = damage {
-        // The sample in progress may have lost members to the damage.
         set.damaged(&opts.shard, path, offset, reason)?;
+        // The sample in progress is kept if it has what a sample needs;
+        // otherwise it lost members to the damage and goes with it.
+        if let Some(p) =
+            pending.filter(|p| p.image.is_some() && (p.label.is_some() || opts.label_ext.is_none()))
+        {
+            out.push(finish(path, p, opts)?);
+        }
     } else if let Some(done) = pending.take() {
         out.push(finish(path, done, opts)?);
     }
