@@ -32,6 +32,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Sources
+//!
+//! [`ImageFolder`], [`FileList`] (CSV/TSV), [`MemorySource`], and shards:
+//! [`TfRecord`], [`WebDataset`] (tar), [`SafetensorsShards`] (pre-resized
+//! pixels or encoded bytes, memory-mapped). Sharded sources are read by
+//! random access or in the streaming mode
+//! ([`LoaderBuilder::interleave`], [`LoaderBuilder::shuffle_buffer`]);
+//! [`convert`] (and `wick convert`) writes any source as shards.
+//!
 //! ## What it guarantees
 //!
 //! - **Determinism**: the order comes from `(seed, epoch)` and every random
@@ -47,7 +56,7 @@
 //!
 //! - `cuda`: CUDA devices through candle-core's `cuda` feature.
 //! - `metal`: Metal devices through candle-core's `metal` feature.
-//! - `cli`: the `wick` command-line tool (`wick bench`).
+//! - `cli`: the `wick` command-line tool (`wick bench`, `wick convert`).
 //! - `turbojpeg`: decode JPEGs with libjpeg-turbo (built from source; needs
 //!   cmake and nasm), decoding only the crop window and downscaling in the
 //!   DCT when the window is at least twice the output size.
