@@ -22,7 +22,21 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 
 /// Shards open at once, and records taken from each in turn: tf.data's
-/// `interleave(cycle_length, block_length)`, deterministic.
+/// `interleave(cycle_length, block_length)`, deterministic. Set with
+/// [`crate::LoaderBuilder::interleave`].
+///
+/// The streaming mode beside tf.data and WebDataset:
+///
+/// | wick | tf.data | WebDataset |
+/// |---|---|---|
+/// | `shuffle(seed)`: shard order reshuffled every epoch | `Dataset.list_files(shuffle=True)` | `WebDataset(urls, shardshuffle=True)` |
+/// | ranks get whole shards, round robin after the shuffle | `files.shard(world_size, rank)` | `split_by_node` |
+/// | `interleave(cycle_length, block_length)` | `files.interleave(TFRecordDataset, cycle_length, block_length, deterministic=True)` | cycle 1, block 1 (one shard after another) |
+/// | `shuffle_buffer(n)` | `.shuffle(n)` | `.shuffle(n)` |
+///
+/// An exhausted shard's slot is refilled with the next shard when the cycle
+/// comes back to it, as in tf.data. The shuffle buffer fills to `n`, then
+/// emits a uniformly drawn record and refills its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interleave {
     /// Shards read concurrently (at least 1).

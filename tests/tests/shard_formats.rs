@@ -71,8 +71,14 @@ fn tfrecord_written_by_tensorflow() {
 }
 
 #[test]
-fn gzip_tfrecord_streams_and_refuses_random_access() {
-    let src = TfRecord::open([fixture("tf-gzip.tfrecord.gz")]).unwrap();
+fn compressed_tfrecords_stream_and_refuse_random_access() {
+    for name in ["tf-gzip.tfrecord.gz", "tf-zlib.tfrecord.zz"] {
+        check_compressed(name);
+    }
+}
+
+fn check_compressed(name: &str) {
+    let src = TfRecord::open([fixture(name)]).unwrap();
     let err = src.read(0).unwrap_err().to_string();
     assert!(err.contains("no random access"), "{err}");
     let want = expected();
@@ -83,7 +89,7 @@ fn gzip_tfrecord_streams_and_refuses_random_access() {
     let records: Vec<Record> = stream.map(Result::unwrap).collect();
     assert_eq!(records.len(), want.len());
     for (r, w) in records.iter().zip(&want) {
-        check_record(r, w, "gzip tfrecord");
+        check_record(r, w, name);
     }
 }
 
