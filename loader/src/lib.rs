@@ -63,6 +63,8 @@
 
 #![deny(missing_docs)]
 
+mod autotune;
+mod cache;
 mod convert;
 mod decode;
 #[cfg(feature = "turbojpeg")]
@@ -76,8 +78,11 @@ mod sampler;
 mod source;
 mod stats;
 mod stream;
+mod trace;
 mod transform;
 
+pub use autotune::{TuneStep, AUTOTUNE};
+pub use cache::CacheMode;
 pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::decode_rgb_into;
 pub use error::{Error, Result};
@@ -88,8 +93,9 @@ pub use source::{
     SafetensorsShards, SafetensorsWriter, ShardInfo, ShardOptions, Source, TfRecord,
     TfRecordOptions, TfRecordWriter, WebDataset, WebDatasetOptions, WebDatasetWriter,
 };
-pub use stats::Stats;
+pub use stats::{Stage, StageRates, Stats, Verdict};
 pub use stream::Interleave;
+pub use trace::Trace;
 pub use transform::{
     ImageTransform, Output, SampleTimes, Slot, Transforms, IMAGENET_MEAN, IMAGENET_STD,
 };

@@ -11,18 +11,22 @@
 //!   into device tensors and sends it into a bounded channel of `prefetch`
 //!   batches that [`Epoch`] reads.
 
+use crate::autotune::{Auto, Knobs, TuneStep, Tuner, MAX_QUEUE};
+use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
 use crate::pool::{HostBuf, Pool};
 use crate::sampler::{Plan, Sampler};
 use crate::source::{Record, Source};
 use crate::stats::{Counters, Stats};
 use crate::stream::{Interleave, StreamPlanner, Streamed};
+use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_UPLOAD};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -106,6 +110,9 @@ pub struct LoaderBuilder {
     dtype: Option<DType>,
     interleave: Option<Interleave>,
     shuffle_buffer: Option<usize>,
+    ram_budget: Option<u64>,
+    trace: bool,
+    cache: Option<(CacheMode, Option<PathBuf>)>,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -121,25 +128,71 @@ impl LoaderBuilder {
         self
     }
 
-    /// Decode threads in the loader's own rayon pool. Default (and `0`): the
-    /// number of available cores.
+    /// Decode workers. Default [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start
+    /// with one and add workers while the training loop waits for data and
+    /// throughput grows, up to the available cores and within the RAM
+    /// budget, giving them back when they buy nothing (so a CPU trainer
+    /// keeps its cores). `n > 0` fixes the count.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
         self
     }
 
-    /// Batches made into device tensors ahead of the consumer. Default 2;
-    /// `0` hands each batch over as soon as it is ready, with none waiting.
+    /// Batches made into device tensors ahead of the consumer. Default
+    /// [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start at 1 and deepen while the
+    /// consumer waits and it helps (at most 8). `n > 0` fixes it.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
         self
     }
 
     /// Host batch buffers being filled or waiting for upload at once: the
-    /// memory bound of the decode stage. Default 3 (each batch is decoded by
-    /// all workers together, so a few suffice). Must be at least 1.
+    /// memory bound of the decode stage. Default
+    /// [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start at 2, grow while it helps
+    /// (at most 8). `n > 0` fixes it.
     pub fn batches_in_flight(mut self, n: usize) -> Self {
         self.in_flight = n;
+        self
+    }
+
+    /// Host memory the loader may hold: batch buffers (in flight,
+    /// prefetched, being uploaded and held by the consumer), the decode
+    /// workers' scratch and the cache. AUTOTUNE never grows past it and the
+    /// cache stops filling at it; `build` fails if the explicit settings
+    /// cannot fit. [`Stats::memory_peak`] reports the peak. Default: a
+    /// quarter of the memory available when the loader is built.
+    ///
+    /// A single image larger than the budget still decodes (the decoder's own
+    /// limits apply); the budget then keeps every other buffer at its minimum.
+    pub fn ram_budget(mut self, bytes: u64) -> Self {
+        self.ram_budget = Some(bytes);
+        self
+    }
+
+    /// Keep every sample after its first read, in memory, so later epochs
+    /// skip reading it (and, with [`CacheMode::Decoded`], decoding it);
+    /// augmentations still run every epoch. The cache fills during the first
+    /// epoch within the RAM budget; samples that do not fit stay uncached
+    /// (nothing is evicted, so there is no thrashing). Default: no cache.
+    pub fn cache(mut self, mode: CacheMode) -> Self {
+        self.cache = Some((mode, None));
+        self
+    }
+
+    /// Like [`cache`](Self::cache), but in the file `path` (created anew,
+    /// outside the RAM budget): for sources slower than the local disk, or
+    /// decoded samples that do not fit in memory.
+    pub fn cache_to(mut self, path: impl Into<PathBuf>, mode: CacheMode) -> Self {
+        self.cache = Some((mode, Some(path.into())));
+        self
+    }
+
+    /// Record a timeline of every sample's decode, every upload and the
+    /// consumer's waits; add training steps with [`Trace::span`] through
+    /// [`Loader::trace`], and write it with [`Trace::write_chrome_json`].
+    /// Default off.
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
         self
     }
 
@@ -273,11 +326,6 @@ impl LoaderBuilder {
         if self.source.is_empty() {
             return Err(Error::InvalidConfig("the source has no samples".into()));
         }
-        if self.in_flight == 0 {
-            return Err(Error::InvalidConfig(
-                "batches_in_flight must be at least 1".into(),
-            ));
-        }
         let (rank, world_size) = match self.shard {
             Some(s) => s,
             None => shard_from_env()?,
@@ -319,32 +367,78 @@ impl LoaderBuilder {
             self.output
         };
         let transform = ImageTransform::new(transforms, host_output, h, w, self.seed)?;
-        let workers = if self.workers == 0 {
+        let auto = Auto {
+            workers: self.workers == 0,
+            in_flight: self.in_flight == 0,
+            prefetch: self.prefetch == 0,
+        };
+        let max_workers = if auto.workers {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
             self.workers
         };
+        let pick = |auto: bool, start: usize, n: usize| if auto { start } else { n };
+        let workers = pick(auto.workers, 1, self.workers);
+        let in_flight = pick(auto.in_flight, 2, self.in_flight);
+        let prefetch = pick(auto.prefetch, 1, self.prefetch);
+        let elem = match host_output {
+            Output::U8Nhwc => 1,
+            Output::F32Nchw { .. } => 4,
+        };
+        let knobs = Knobs {
+            gate: crate::autotune::Gate::new(workers),
+            in_flight: in_flight.into(),
+            prefetch: prefetch.into(),
+            max_workers,
+            batch_bytes: (self.batch_size * transform.slot_len() * elem) as u64,
+            budget: self
+                .ram_budget
+                .unwrap_or_else(crate::autotune::default_budget),
+        };
+        if !knobs.fits(in_flight, prefetch, 0, 0) {
+            return Err(Error::InvalidConfig(format!(
+                "ram_budget of {} bytes cannot hold {} batches of {} bytes ({in_flight} in flight, \
+                 {prefetch} prefetched, one uploading, one held): raise it or lower batch_size",
+                knobs.budget,
+                in_flight + prefetch + 2,
+                knobs.batch_bytes
+            )));
+        }
+        let counters = Counters::default();
+        counters.set_workers(workers);
+        counters.set_memory(knobs.memory(in_flight, prefetch, workers, 0));
+        // Pinned buffers are allocated once: as many as AUTOTUNE may use.
+        let pinned = if auto.in_flight { MAX_QUEUE } else { in_flight };
         let shared = Arc::new(Shared {
             pool: Pool::new(
-                self.in_flight,
+                in_flight,
                 self.batch_size * transform.slot_len(),
                 host_output,
                 crate::device::pinned_buffers(
                     &self.device,
-                    self.in_flight,
+                    pinned,
                     self.batch_size * transform.slot_len(),
                     host_output,
                 )?,
             ),
+            tuner: Tuner::new(auto),
+            knobs,
+            trace: self.trace.then(|| Arc::new(Trace::new())),
+            cache: self
+                .cache
+                .map(|(mode, path)| Cache::new(mode, self.source.len(), path.as_deref()))
+                .transpose()?,
             uploader: crate::device::Uploader::new(&self.device)?,
             source: self.source,
             transform,
-            counters: Counters::default(),
+            counters,
             device: self.device,
             bad_samples: self.bad_samples,
             finish,
         });
-        Loader::start(shared, order, workers, self.in_flight, self.prefetch)
+        let channel = if auto.prefetch { MAX_QUEUE } else { prefetch };
+        let most_in_flight = if auto.in_flight { MAX_QUEUE } else { in_flight };
+        Loader::start(shared, order, max_workers, most_in_flight, channel)
     }
 }
 
@@ -448,6 +542,10 @@ fn shard_from_env() -> Result<(usize, usize)> {
 #[derive(Debug)]
 struct Shared {
     source: Arc<dyn Source>,
+    knobs: Knobs,
+    tuner: Tuner,
+    trace: Option<Arc<Trace>>,
+    cache: Option<Cache>,
     transform: ImageTransform,
     pool: Pool,
     counters: Counters,
@@ -540,7 +638,6 @@ pub struct Loader {
     threads: Vec<JoinHandle<()>>,
     decode_pool: Option<Arc<rayon::ThreadPool>>,
     decode_threads: DecodeThreads,
-    workers: usize,
     prefetch: usize,
 }
 
@@ -567,8 +664,8 @@ impl Loader {
             source: Arc::new(source),
             batch_size: 32,
             workers: 0,
-            prefetch: 2,
-            in_flight: 3,
+            prefetch: 0,
+            in_flight: 0,
             shuffle: None,
             seed: 0,
             drop_last: false,
@@ -582,6 +679,9 @@ impl Loader {
             dtype: None,
             interleave: None,
             shuffle_buffer: None,
+            ram_budget: None,
+            trace: false,
+            cache: None,
         }
     }
 
@@ -623,7 +723,6 @@ impl Loader {
             threads: Vec::new(),
             decode_pool: Some(decode_pool.clone()),
             decode_threads: handles,
-            workers,
             prefetch,
         };
         let feeder_shared = shared.clone();
@@ -718,9 +817,29 @@ impl Loader {
         &self.shared.transform
     }
 
-    /// Number of decode threads.
+    /// Decode workers active now (AUTOTUNE may change it between batches).
     pub fn workers(&self) -> usize {
-        self.workers
+        self.shared.knobs.gate.limit()
+    }
+
+    /// Batches in flight and prefetch depth now.
+    pub fn queue_depths(&self) -> (usize, usize) {
+        let k = &self.shared.knobs;
+        (
+            k.in_flight.load(Ordering::Relaxed),
+            k.prefetch.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The decisions AUTOTUNE took so far, in order.
+    pub fn autotune_history(&self) -> Vec<TuneStep> {
+        self.shared.tuner.history()
+    }
+
+    /// The timeline, when built with [`LoaderBuilder::trace`]. Take it
+    /// before iterating an epoch to add training steps with [`Trace::span`].
+    pub fn trace(&self) -> Option<Arc<Trace>> {
+        self.shared.trace.clone()
     }
 
     /// Counters summed over every epoch run so far.
@@ -783,10 +902,21 @@ impl Iterator for Epoch<'_> {
             return None;
         }
         let t = Instant::now();
-        let got = self.rx.as_ref().map(|rx| rx.recv());
+        let got = self.rx.as_ref().map(|rx| (rx.recv(), rx.len()));
         match got {
-            Some(Ok(item)) => {
-                self.loader.shared.counters.consumer_waited(t.elapsed());
+            Some((Ok(item), ready)) => {
+                let shared = &self.loader.shared;
+                let first = self.remaining == self.expected;
+                shared.counters.consumer_waited(t.elapsed(), ready, first);
+                if let Some(trace) = &shared.trace {
+                    trace.record("wait for batch", LANE_CONSUMER, t, Instant::now());
+                }
+                let cache = shared.cache.as_ref().map_or(0, Cache::memory);
+                shared
+                    .tuner
+                    .on_batch(&shared.knobs, &shared.counters, cache, &|n| {
+                        shared.pool.set_capacity(n)
+                    });
                 self.remaining -= 1;
                 Some(item)
             }
@@ -934,6 +1064,40 @@ fn read_batch(
         .collect()
 }
 
+/// Stores a freshly read sample in the cache (decoding it first for
+/// [`CacheMode::Decoded`]) and returns what the transform should use.
+fn fill_cache(
+    shared: &Shared,
+    cache: &Cache,
+    index: usize,
+    record: Record,
+) -> Result<Record, (String, Error)> {
+    let record = match (cache.mode, record.rgb_size) {
+        (CacheMode::Decoded, None) => {
+            let mut px = Vec::new();
+            let wh = crate::decode::decode_rgb_into(&record.key, &record.bytes, &mut px)
+                .map_err(|e| (record.key.clone(), e))?;
+            px.truncate(wh.0 * wh.1 * 3);
+            Record {
+                bytes: px,
+                rgb_size: Some(wh),
+                ..record
+            }
+        }
+        _ => record,
+    };
+    let k = &shared.knobs;
+    let (f, p, w) = (
+        k.in_flight.load(Ordering::Relaxed),
+        k.prefetch.load(Ordering::Relaxed),
+        k.gate.limit(),
+    );
+    if cache.put(index, &record, |after| k.fits(f, p, w, after)) {
+        shared.counters.cache_stored(record.bytes.len() as u64);
+    }
+    Ok(record)
+}
+
 /// One sample's fate in a batch.
 enum Outcome {
     Ok { key: String, label: u32 },
@@ -961,13 +1125,27 @@ fn process(
     if cancel.load(Ordering::Relaxed) {
         return Outcome::Cancelled;
     }
+    let _pass = shared.knobs.gate.enter();
+    let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
-        let (record, read) = match pre {
-            Some((record, read)) => (record, read),
-            None => (shared.source.read(index), t0.elapsed()),
+        let cached = shared
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(index, || shared.source.key(index)));
+        let hit = cached.is_some();
+        let (record, read) = match (cached, pre) {
+            (Some(r), _) => {
+                shared.counters.cache_hit();
+                (r, t0.elapsed())
+            }
+            (None, Some((record, read))) => (record, read),
+            (None, None) => (shared.source.read(index), t0.elapsed()),
         };
-        let record = record.map_err(|e| (None, e))?;
+        let mut record = record.map_err(|e| (None, e))?;
+        if let (Some(cache), false) = (&shared.cache, hit) {
+            record = fill_cache(shared, cache, index, record).map_err(|(k, e)| (Some(k), e))?;
+        }
         let tr = &shared.transform;
         let times = match record.rgb_size {
             None => tr.apply(&record.key, &record.bytes, epoch, index, slot),
@@ -985,7 +1163,12 @@ fn process(
         shared.counters.sample(read, &times);
         Ok((record.key, record.label))
     };
-    match catch_unwind(AssertUnwindSafe(run)) {
+    let result = catch_unwind(AssertUnwindSafe(run));
+    if let Some(trace) = &shared.trace {
+        let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
+        trace.record("read+decode+transform", lane, start, Instant::now());
+    }
+    match result {
         Ok(Ok((key, label))) => Outcome::Ok { key, label },
         Ok(Err((key, error))) => Outcome::Failed {
             key: key.unwrap_or_else(|| shared.source.key(index)),
@@ -1145,6 +1328,15 @@ fn upload_loop(shared: &Shared, done: &Receiver<Msg>, ack: &Sender<()>) {
     }
 }
 
+/// Records a span on the upload lane when dropped.
+struct TraceSpan<'a>(&'a Trace, &'static str, Instant);
+
+impl Drop for TraceSpan<'_> {
+    fn drop(&mut self) {
+        self.0.record(self.1, LANE_UPLOAD, self.2, Instant::now());
+    }
+}
+
 /// Hands over every batch that is next in order.
 fn flush(shared: &Shared, r: &mut Running) {
     while let Some(result) = r.pending.remove(&r.next) {
@@ -1167,6 +1359,7 @@ fn flush(shared: &Shared, r: &mut Running) {
             }
             Some(Ok(host)) => {
                 let t = Instant::now();
+                let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
                 let n = host.keys.len();
                 let t_ = &shared.transform;
                 match shared.uploader.upload(
@@ -1199,6 +1392,13 @@ fn flush(shared: &Shared, r: &mut Running) {
             }
         };
         if let Some(out) = &r.out {
+            // The prefetch depth AUTOTUNE chose, below the channel's size.
+            while out.len() >= shared.knobs.prefetch.load(Ordering::Relaxed)
+                && !r.cancel.load(Ordering::Relaxed)
+                && out.len() < out.capacity().unwrap_or(usize::MAX)
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             if out.send(item).is_err() {
                 r.out = None;
             }

@@ -126,7 +126,7 @@ struct State {
 /// A bounded set of batch buffers of one size and element type.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    capacity: usize,
+    capacity: std::sync::atomic::AtomicUsize,
     elems: usize,
     output: Output,
     state: Mutex<State>,
@@ -144,7 +144,7 @@ impl Pool {
         prealloc: Vec<HostBuf>,
     ) -> Self {
         Self {
-            capacity,
+            capacity: capacity.into(),
             elems,
             output,
             state: Mutex::new(State {
@@ -169,7 +169,7 @@ impl Pool {
             if cancel.load(Ordering::Acquire) {
                 return None;
             }
-            if st.out < self.capacity {
+            if st.out < self.capacity.load(Ordering::Relaxed) {
                 st.out += 1;
                 return Some(st.free.pop().unwrap_or_else(|| self.allocate()));
             }
@@ -203,6 +203,17 @@ impl Pool {
         if let Some(b) = buf {
             st.free.push(b);
         }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Changes how many buffers may be out at once (AUTOTUNE). Buffers
+    /// above a lowered capacity are dropped as they come back.
+    pub(crate) fn set_capacity(&self, n: usize) {
+        let mut st = self.lock();
+        self.capacity.store(n.max(1), Ordering::Relaxed);
+        let keep = n.max(1).saturating_sub(st.out);
+        st.free.truncate(keep);
         drop(st);
         self.cv.notify_all();
     }

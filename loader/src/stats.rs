@@ -20,8 +20,68 @@ pub(crate) struct Counters {
     wait_max_ns: AtomicU64,
     last_wait_ns: AtomicU64,
     in_flight: AtomicU64,
+    startup_wait_ns: AtomicU64,
+    ready_sum: AtomicU64,
+    ready_when_asked_empty: AtomicU64,
+    wait_hist: WaitHistogram,
+    memory: AtomicU64,
+    memory_peak: AtomicU64,
+    workers: AtomicU64,
+    cache_bytes: AtomicU64,
+    cache_hits: AtomicU64,
     skipped_keys: Mutex<Vec<String>>,
     clock: Mutex<Clock>,
+}
+
+/// Buckets of consumer waits: bucket `k` holds waits in
+/// `[1.1^(k-1), 1.1^k)` microseconds (bucket 0: under 1 µs), so percentiles
+/// are exact to 10% without storing every wait.
+#[derive(Debug)]
+struct WaitHistogram([AtomicU64; HIST_BUCKETS]);
+
+const HIST_BUCKETS: usize = 260;
+
+impl Default for WaitHistogram {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl WaitHistogram {
+    fn bucket(d: Duration) -> usize {
+        let us = d.as_secs_f64() * 1e6;
+        if us < 1.0 {
+            0
+        } else {
+            ((us.ln() / 1.1f64.ln()).floor() as usize + 1).min(HIST_BUCKETS - 1)
+        }
+    }
+
+    fn record(&self, d: Duration) {
+        self.0[Self::bucket(d)].fetch_add(1, Relaxed);
+    }
+
+    /// The `q` quantile (0..=1): the upper bound of its bucket.
+    fn quantile(&self, q: f64) -> Duration {
+        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (k, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return if k == 0 {
+                    Duration::from_micros(1)
+                } else {
+                    Duration::from_secs_f64(1.1f64.powi(k as i32) * 1e-6)
+                };
+            }
+        }
+        Duration::MAX
+    }
 }
 
 /// Wall time during which an epoch was running.
@@ -64,12 +124,52 @@ impl Counters {
         self.in_flight.fetch_sub(1, Relaxed);
     }
 
-    pub(crate) fn consumer_waited(&self, wait: Duration) {
+    /// The consumer got a batch after waiting `wait`, with `ready` more
+    /// batches already waiting behind it. The first batch of an epoch
+    /// (`first`) waits for the pipeline to fill: its wait is kept apart.
+    pub(crate) fn consumer_waited(&self, wait: Duration, ready: usize, first: bool) {
         let w = ns(wait);
         self.batches_delivered.fetch_add(1, Relaxed);
+        self.last_wait_ns.store(w, Relaxed);
+        self.ready_sum.fetch_add(ready as u64, Relaxed);
+        if first {
+            self.startup_wait_ns.fetch_add(w, Relaxed);
+            return;
+        }
         self.wait_ns.fetch_add(w, Relaxed);
         self.wait_max_ns.fetch_max(w, Relaxed);
-        self.last_wait_ns.store(w, Relaxed);
+        self.wait_hist.record(wait);
+        if ready == 0 && wait > Duration::from_micros(50) {
+            self.ready_when_asked_empty.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Host memory the loader holds now (batch buffers, cache, decode
+    /// scratch), and its peak.
+    pub(crate) fn set_memory(&self, bytes: u64) {
+        self.memory.store(bytes, Relaxed);
+        self.memory_peak.fetch_max(bytes, Relaxed);
+    }
+
+    pub(crate) fn set_workers(&self, n: usize) {
+        self.workers.store(n as u64, Relaxed);
+    }
+
+    pub(crate) fn cache_stored(&self, bytes: u64) {
+        self.cache_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn cache_hit(&self) {
+        self.cache_hits.fetch_add(1, Relaxed);
+    }
+
+    /// Total consumer wait so far, excluding the epochs' first batches.
+    pub(crate) fn steady_wait(&self) -> Duration {
+        Duration::from_nanos(self.wait_ns.load(Relaxed))
+    }
+
+    pub(crate) fn delivered(&self) -> u64 {
+        self.batches_delivered.load(Relaxed)
     }
 
     pub(crate) fn epoch_started(&self) {
@@ -97,6 +197,52 @@ impl Counters {
         let delivered = self.batches_delivered.load(Relaxed);
         let ready = self.batches_ready.load(Relaxed);
         let wait = Duration::from_nanos(self.wait_ns.load(Relaxed));
+        let startup = Duration::from_nanos(self.startup_wait_ns.load(Relaxed));
+        let share = |d: Duration| {
+            if wall.is_zero() {
+                0.0
+            } else {
+                d.as_secs_f64() / wall.as_secs_f64()
+            }
+        };
+        let workers = self.workers.load(Relaxed).max(1) as f64;
+        let rate = |per: Duration| {
+            if per.is_zero() {
+                f64::INFINITY
+            } else {
+                workers / per.as_secs_f64()
+            }
+        };
+        let (read, decode, transform) = (
+            per_sample(&self.read_ns),
+            per_sample(&self.decode_ns),
+            per_sample(&self.transform_ns),
+        );
+        let upload =
+            Duration::from_nanos(self.upload_ns.load(Relaxed).checked_div(ready).unwrap_or(0));
+        let batch = samples.checked_div(ready).unwrap_or(0) as f64;
+        let stage_rates = StageRates {
+            read: rate(read),
+            decode: rate(decode),
+            transform: rate(transform),
+            workers: rate(read + decode + transform),
+            upload: if upload.is_zero() {
+                f64::INFINITY
+            } else {
+                batch / upload.as_secs_f64()
+            },
+        };
+        let wait_share = share(wait);
+        let verdict = if delivered < 2 {
+            Verdict::Unknown
+        } else if wait_share > INPUT_BOUND_SHARE {
+            Verdict::InputBound {
+                stage: stage_rates.slowest(),
+                wait_share,
+            }
+        } else {
+            Verdict::NotInputBound { wait_share }
+        };
         Stats {
             samples,
             batches: delivered,
@@ -107,14 +253,25 @@ impl Counters {
                 samples as f64 / wall.as_secs_f64()
             },
             decoded_bytes: self.decoded_bytes.load(Relaxed),
-            read_per_sample: per_sample(&self.read_ns),
-            decode_per_sample: per_sample(&self.decode_ns),
-            transform_per_sample: per_sample(&self.transform_ns),
-            upload_per_batch: Duration::from_nanos(
-                self.upload_ns.load(Relaxed).checked_div(ready).unwrap_or(0),
-            ),
+            read_per_sample: read,
+            decode_per_sample: decode,
+            transform_per_sample: transform,
+            upload_per_batch: upload,
             batches_in_flight: self.in_flight.load(Relaxed),
             consumer_wait: wait,
+            consumer_wait_share: wait_share,
+            consumer_wait_p50: self.wait_hist.quantile(0.5),
+            consumer_wait_p99: self.wait_hist.quantile(0.99),
+            startup_wait: startup,
+            mean_ready_batches: self.ready_sum.load(Relaxed) as f64 / delivered.max(1) as f64,
+            empty_queue_batches: self.ready_when_asked_empty.load(Relaxed),
+            stage_rates,
+            verdict,
+            memory: self.memory.load(Relaxed),
+            memory_peak: self.memory_peak.load(Relaxed),
+            workers: self.workers.load(Relaxed) as usize,
+            cache_bytes: self.cache_bytes.load(Relaxed),
+            cache_hits: self.cache_hits.load(Relaxed),
             consumer_wait_per_batch: Duration::from_nanos(
                 self.wait_ns
                     .load(Relaxed)
@@ -156,8 +313,37 @@ pub struct Stats {
     pub upload_per_batch: Duration,
     /// Batches being decoded or waiting for upload right now.
     pub batches_in_flight: u64,
-    /// Total time the consumer spent blocked in `Epoch::next`.
+    /// Total time the consumer spent blocked in `Epoch::next`, not counting
+    /// the first batch of each epoch (see [`Self::startup_wait`]).
     pub consumer_wait: Duration,
+    /// `consumer_wait / wall`: the share of the run the training loop
+    /// starved.
+    pub consumer_wait_share: f64,
+    /// Median wait per batch (within 10%).
+    pub consumer_wait_p50: Duration,
+    /// 99th percentile wait per batch (within 10%).
+    pub consumer_wait_p99: Duration,
+    /// Waits for the first batch of each epoch, while the pipeline fills.
+    pub startup_wait: Duration,
+    /// Mean number of batches already waiting when the consumer took one:
+    /// the prefetch queue's occupancy.
+    pub mean_ready_batches: f64,
+    /// Batches the consumer had to wait for with the queue empty.
+    pub empty_queue_batches: u64,
+    /// Samples per second each stage could give with the current workers.
+    pub stage_rates: StageRates,
+    /// Whether the consumer starved, and which stage to blame.
+    pub verdict: Verdict,
+    /// Host memory held now: batch buffers, cache and decode scratch.
+    pub memory: u64,
+    /// Peak of [`Self::memory`]; never above the loader's RAM budget.
+    pub memory_peak: u64,
+    /// Decode workers active now (AUTOTUNE changes it).
+    pub workers: usize,
+    /// Bytes held by the cache.
+    pub cache_bytes: u64,
+    /// Samples served from the cache.
+    pub cache_hits: u64,
     /// Mean time the consumer waited per batch.
     pub consumer_wait_per_batch: Duration,
     /// Longest wait for one batch.
@@ -177,5 +363,165 @@ impl Stats {
         } else {
             self.decoded_bytes as f64 / 1e6 / self.wall.as_secs_f64()
         }
+    }
+}
+
+/// Consumer wait share above which a run is called input-bound.
+pub(crate) const INPUT_BOUND_SHARE: f64 = 0.05;
+
+/// Samples per second each pipeline stage could sustain (worker stages
+/// scaled by the active workers; upload by its one thread).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageRates {
+    /// Reading encoded bytes from the source.
+    pub read: f64,
+    /// Decoding.
+    pub decode: f64,
+    /// Crop, resize, flip, normalize.
+    pub transform: f64,
+    /// Read + decode + transform: what the workers give together.
+    pub workers: f64,
+    /// Turning host batches into device tensors.
+    pub upload: f64,
+}
+
+/// A pipeline stage, for the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stage {
+    /// Reading from the source.
+    Read,
+    /// Decoding.
+    Decode,
+    /// Crop, resize, flip, normalize.
+    Transform,
+    /// Host to device.
+    Upload,
+}
+
+impl StageRates {
+    /// The stage that limits the pipeline: the upload thread if it is
+    /// slower than the workers, else the worker stage taking most time.
+    pub fn slowest(&self) -> Stage {
+        if self.upload < self.workers {
+            return Stage::Upload;
+        }
+        let stages = [
+            (Stage::Read, self.read),
+            (Stage::Decode, self.decode),
+            (Stage::Transform, self.transform),
+        ];
+        stages
+            .into_iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(Stage::Decode, |s| s.0)
+    }
+}
+
+/// Whether the training loop starved; [`Stats::verdict`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Too few batches yet.
+    #[default]
+    Unknown,
+    /// The consumer waited more than 5% of the wall time: the loader sets
+    /// the pace, and `stage` is where its time goes.
+    InputBound {
+        /// The limiting stage.
+        stage: Stage,
+        /// Share of wall time the consumer waited.
+        wait_share: f64,
+    },
+    /// The consumer (the training step) sets the pace.
+    NotInputBound {
+        /// Share of wall time the consumer waited.
+        wait_share: f64,
+    },
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Unknown => write!(f, "not enough batches for a verdict"),
+            Verdict::InputBound { stage, wait_share } => write!(
+                f,
+                "INPUT-BOUND: the training loop waited {:.1}% of the time; {} limits the loader",
+                wait_share * 100.0,
+                match stage {
+                    Stage::Read => "reading the source",
+                    Stage::Decode => "decoding",
+                    Stage::Transform => "the transforms",
+                    Stage::Upload => "the host-to-device upload",
+                }
+            ),
+            Verdict::NotInputBound { wait_share } => write!(
+                f,
+                "not input-bound: the training loop waited {:.1}% of the time",
+                wait_share * 100.0
+            ),
+        }
+    }
+}
+
+impl Stats {
+    /// A few lines: throughput, the consumer's waits, per-stage rates,
+    /// queue occupancy, memory, and the verdict.
+    pub fn report(&self) -> String {
+        let r = &self.stage_rates;
+        let fmt_rate = |x: f64| {
+            if x.is_finite() {
+                format!("{x:.0}/s")
+            } else {
+                "-".into()
+            }
+        };
+        format!(
+            "{:.0} samples/s, {} workers; consumer wait p50 {:.2?} p99 {:.2?} total {:.2?} ({:.1}% of {:.2?}), startup {:.2?}\n\
+             stages (samples/s at this worker count): read {}, decode {}, transform {}, workers {}, upload {}\n\
+             prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB){}\n\
+             verdict: {}",
+            self.samples_per_sec,
+            self.workers,
+            self.consumer_wait_p50,
+            self.consumer_wait_p99,
+            self.consumer_wait,
+            self.consumer_wait_share * 100.0,
+            self.wall,
+            self.startup_wait,
+            fmt_rate(r.read),
+            fmt_rate(r.decode),
+            fmt_rate(r.transform),
+            fmt_rate(r.workers),
+            fmt_rate(r.upload),
+            self.mean_ready_batches,
+            self.empty_queue_batches,
+            self.memory as f64 / 1e6,
+            self.memory_peak as f64 / 1e6,
+            if self.cache_bytes > 0 || self.cache_hits > 0 {
+                format!(", cache {:.1} MB, {} hits", self.cache_bytes as f64 / 1e6, self.cache_hits)
+            } else {
+                String::new()
+            },
+            self.verdict
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_quantiles_are_within_ten_percent() {
+        let h = WaitHistogram::default();
+        for us in 1..=1000u64 {
+            h.record(Duration::from_micros(us));
+        }
+        let p50 = h.quantile(0.5).as_secs_f64() * 1e6;
+        let p99 = h.quantile(0.99).as_secs_f64() * 1e6;
+        assert!((500.0..=550.0).contains(&p50), "{p50}");
+        assert!((990.0..=1089.0).contains(&p99), "{p99}");
+        assert_eq!(WaitHistogram::default().quantile(0.5), Duration::ZERO);
     }
 }

@@ -138,7 +138,25 @@ struct Scratch {
     resized: Vec<u8>,
 }
 
+impl Scratch {
+    /// Reports this thread's scratch size to the RAM budget's accounting.
+    fn account(&self) {
+        use crate::autotune::{SCRATCH_BYTES, SCRATCH_MAX};
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes = (self.decoded.capacity() + self.resized.capacity()) as u64;
+        REPORTED.with(|r| {
+            let old = r.replace(bytes);
+            if bytes > old {
+                SCRATCH_BYTES.fetch_add(bytes - old, Relaxed);
+                SCRATCH_MAX.fetch_max(bytes, Relaxed);
+            }
+        });
+    }
+}
+
 thread_local! {
+    /// The scratch bytes this thread last reported.
+    static REPORTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
         resizer: Resizer::new(),
         decoded: Vec::new(),
@@ -233,7 +251,9 @@ impl ImageTransform {
     ) -> Result<SampleTimes> {
         SCRATCH.with(|cell| {
             let scratch = &mut *cell.borrow_mut();
-            self.apply_with(scratch, key, bytes, epoch, index, slot)
+            let r = self.apply_with(scratch, key, bytes, epoch, index, slot);
+            scratch.account();
+            r
         })
     }
 

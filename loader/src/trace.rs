@@ -1,0 +1,98 @@
+//! An in-memory timeline of the pipeline's stages, written as a Chrome
+//! trace (`chrome://tracing`, <https://ui.perfetto.dev>).
+
+use crate::error::{Error, Result};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Events kept at most; later ones are counted, not stored.
+const MAX_EVENTS: usize = 2_000_000;
+
+/// Thread lanes of the timeline.
+pub(crate) const LANE_FEED: u64 = 1;
+pub(crate) const LANE_UPLOAD: u64 = 2;
+/// The training loop's lane: its waits, and spans added with
+/// [`Trace::span`].
+pub(crate) const LANE_CONSUMER: u64 = 3;
+/// Decode worker `i` is lane `LANE_DECODE + i`.
+pub(crate) const LANE_DECODE: u64 = 10;
+
+#[derive(Debug)]
+struct Event {
+    name: String,
+    lane: u64,
+    start_us: f64,
+    dur_us: f64,
+}
+
+/// A recorder of timed spans, shared by the loader's threads and the
+/// training loop (see [`crate::LoaderBuilder::trace`]).
+#[derive(Debug)]
+pub struct Trace {
+    origin: Instant,
+    events: Mutex<(Vec<Event>, u64)>,
+}
+
+impl Trace {
+    pub(crate) fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            events: Mutex::new((Vec::new(), 0)),
+        }
+    }
+
+    pub(crate) fn record(&self, name: impl Into<String>, lane: u64, start: Instant, end: Instant) {
+        let to_us = |t: Instant| t.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
+        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if ev.0.len() < MAX_EVENTS {
+            ev.0.push(Event {
+                name: name.into(),
+                lane,
+                start_us: to_us(start),
+                dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+            });
+        } else {
+            ev.1 += 1;
+        }
+    }
+
+    /// Adds a span of the training loop (a step, an evaluation) to the
+    /// timeline, on the same lane as its waits for batches.
+    pub fn span(&self, name: &str, start: Instant, end: Instant) {
+        self.record(name, LANE_CONSUMER, start, end);
+    }
+
+    /// Writes the timeline as Chrome trace JSON.
+    pub fn write_chrome_json(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lanes: Vec<u64> = ev.0.iter().map(|e| e.lane).collect();
+        lanes.sort_unstable();
+        lanes.dedup();
+        let lane_name = |l: u64| match l {
+            LANE_FEED => "wick-feed".to_string(),
+            LANE_UPLOAD => "wick-upload".to_string(),
+            LANE_CONSUMER => "training loop".to_string(),
+            l => format!("wick-decode-{}", l - LANE_DECODE),
+        };
+        let mut out: Vec<serde_json::Value> = lanes
+            .iter()
+            .map(|&l| {
+                serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": l,
+                                   "args": {"name": lane_name(l)}})
+            })
+            .collect();
+        out.extend(ev.0.iter().map(|e| {
+            serde_json::json!({"name": e.name, "ph": "X", "pid": 1, "tid": e.lane,
+                               "ts": e.start_us, "dur": e.dur_us})
+        }));
+        let doc = serde_json::json!({"traceEvents": out, "otherData": {"dropped_events": ev.1}});
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(io)?;
+        serde_json::to_writer(std::io::BufWriter::new(file), &doc).map_err(|e| io(e.into()))
+    }
+}

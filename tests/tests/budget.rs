@@ -1,0 +1,65 @@
+//! The RAM budget holds: with a tiny budget and large images AUTOTUNE keeps
+//! one worker and the minimum buffers, and the loader's accounted peak stays
+//! under the budget; a budget too small for the explicit settings is an
+//! error. (One test per process: the decode scratch is tracked per process.)
+
+use candle_wick::{ImageFolder, Loader, Output, Transforms};
+
+#[test]
+fn tiny_budget_bounds_memory_not_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    // 48 images of 900x700: ~1.9 MB decoded each.
+    for i in 0..48u32 {
+        let img = tests::pattern(900, 700, i);
+        let path = dir.path().join(format!("c{}/{i}.png", i % 2));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        img.save(&path).unwrap();
+    }
+    let build = |budget: u64| {
+        Loader::builder(ImageFolder::new(dir.path()).unwrap())
+            .batch_size(2)
+            .image_size(32)
+            .transforms(Transforms::train())
+            .output(Output::U8Nhwc)
+            .shard(0, 1)
+            .ram_budget(budget)
+            .build()
+    };
+    // Four batch buffers (2 x 32 x 32 x 3) plus one worker's scratch fit in
+    // 3 MB; a second worker's scratch does not.
+    let budget = 3_000_000;
+    let mut l = build(budget).unwrap();
+    let mut n = 0;
+    for epoch in 0..3 {
+        for b in l.epoch(epoch) {
+            n += b.unwrap().len();
+        }
+    }
+    assert_eq!(n, 144, "every sample still delivered");
+    let s = l.stats();
+    assert!(
+        s.memory_peak > 0 && s.memory_peak <= budget,
+        "{}",
+        s.report()
+    );
+    assert_eq!(l.workers(), 1, "{:?}", l.autotune_history());
+    let h = l.autotune_history();
+    assert!(!h.is_empty(), "AUTOTUNE ran (and grew what fits)");
+    assert!(h.iter().all(|t| t.workers == 1), "{h:?}");
+
+    // The same run with room to spare: AUTOTUNE adds the second worker.
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        let mut l = build(1 << 30).unwrap();
+        for epoch in 0..3 {
+            for b in l.epoch(epoch) {
+                b.unwrap();
+            }
+        }
+        let h = l.autotune_history();
+        assert!(h.iter().any(|t| t.workers == 2), "{h:?}");
+    }
+
+    // Below what four 6 KB batch buffers need: an error that says so.
+    let err = build(20_000).unwrap_err().to_string();
+    assert!(err.contains("ram_budget"), "{err}");
+}

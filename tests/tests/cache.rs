@@ -1,0 +1,94 @@
+//! `cache` and `cache_to`: the first epoch fills the cache, later epochs
+//! read nothing from the source, batches are bit-identical to an uncached
+//! run, and what does not fit the budget stays uncached (no eviction).
+
+use candle_wick::{CacheMode, ImageFolder, Loader, Output, Record, Source, Transforms};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A source that counts its reads.
+struct Counting(ImageFolder, Arc<AtomicUsize>);
+
+impl Source for Counting {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read(&self, i: usize) -> candle_wick::Result<Record> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.read(i)
+    }
+}
+
+fn run(
+    root: &std::path::Path,
+    cache: Option<(CacheMode, Option<std::path::PathBuf>)>,
+    budget: u64,
+) -> (Vec<Vec<u8>>, Vec<usize>, u64) {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut b = Loader::builder(Counting(ImageFolder::new(root).unwrap(), reads.clone()))
+        .batch_size(4)
+        .image_size(16)
+        .transforms(Transforms::train())
+        .output(Output::U8Nhwc)
+        .shuffle(3)
+        .shard(0, 1)
+        .ram_budget(budget);
+    match cache {
+        Some((mode, None)) => b = b.cache(mode),
+        Some((mode, Some(path))) => b = b.cache_to(path, mode),
+        None => {}
+    }
+    let mut l = b.build().unwrap();
+    let mut images = Vec::new();
+    let mut per_epoch = Vec::new();
+    for epoch in 0..3 {
+        let before = reads.load(Ordering::Relaxed);
+        for batch in l.epoch(epoch) {
+            images.push(
+                batch
+                    .unwrap()
+                    .images
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<u8>()
+                    .unwrap(),
+            );
+        }
+        per_epoch.push(reads.load(Ordering::Relaxed) - before);
+    }
+    (images, per_epoch, l.stats().cache_bytes)
+}
+
+#[test]
+fn cached_epochs_read_nothing_and_match_uncached_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    tests::image_folder(dir.path(), 2, 9);
+    let (plain, reads, _) = run(dir.path(), None, 1 << 30);
+    assert_eq!(reads, [18, 18, 18]);
+    for mode in [CacheMode::Encoded, CacheMode::Decoded] {
+        let (imgs, reads, bytes) = run(dir.path(), Some((mode, None)), 1 << 30);
+        assert_eq!(reads, [18, 0, 0], "{mode:?}");
+        assert_eq!(imgs, plain, "{mode:?}: same batches as without a cache");
+        assert!(bytes > 0);
+        let file = dir.path().join(format!("{mode:?}.cache"));
+        let (imgs, reads, _) = run(dir.path(), Some((mode, Some(file.clone()))), 1 << 30);
+        assert_eq!(reads, [18, 0, 0], "{mode:?} on disk");
+        assert_eq!(imgs, plain);
+        assert!(std::fs::metadata(&file).unwrap().len() > 0);
+    }
+}
+
+#[test]
+fn what_does_not_fit_stays_uncached() {
+    let dir = tempfile::tempdir().unwrap();
+    tests::image_folder(dir.path(), 2, 9);
+    // Room for the batch buffers and a few decoded 30..60 px images only.
+    let budget = 60_000;
+    let (_, reads, bytes) = run(dir.path(), Some((CacheMode::Decoded, None)), budget);
+    assert!(bytes > 0 && bytes < budget, "{bytes}");
+    assert!(reads[1] > 0 && reads[1] < 18, "{reads:?}");
+    assert_eq!(
+        reads[1], reads[2],
+        "no eviction: the same samples miss every epoch"
+    );
+}

@@ -1,0 +1,99 @@
+//! The starvation report: the verdict says input-bound when the consumer is
+//! faster than the loader and not input-bound when it is slower; the trace
+//! holds every stage and the training loop on one timeline.
+
+use candle_wick::{ImageFolder, Loader, Output, Stage, Transforms, Verdict};
+use std::time::{Duration, Instant};
+
+fn loader(root: &std::path::Path, trace: bool) -> Loader {
+    Loader::builder(ImageFolder::new(root).unwrap())
+        .batch_size(4)
+        .image_size(16)
+        .transforms(Transforms::eval(16))
+        .output(Output::U8Nhwc)
+        .workers(1)
+        .prefetch(1)
+        .batches_in_flight(2)
+        .shard(0, 1)
+        .trace(trace)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn verdict_follows_who_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    tests::image_folder(dir.path(), 2, 12);
+
+    // A consumer that does nothing is faster than one decode worker.
+    let mut fast = loader(dir.path(), false);
+    for _ in 0..2 {
+        for b in fast.epoch(0) {
+            b.unwrap();
+        }
+    }
+    let s = fast.stats();
+    assert!(
+        matches!(
+            s.verdict,
+            Verdict::InputBound {
+                stage: Stage::Decode | Stage::Transform | Stage::Read,
+                ..
+            }
+        ),
+        "{}",
+        s.report()
+    );
+    assert!(s.consumer_wait_share > 0.05 && s.consumer_wait_p50 > Duration::ZERO);
+
+    // A 25 ms step is far slower than decoding four small images.
+    let mut slow = loader(dir.path(), false);
+    for b in slow.epoch(0) {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let s = slow.stats();
+    assert!(
+        matches!(s.verdict, Verdict::NotInputBound { .. }),
+        "{}",
+        s.report()
+    );
+    assert_eq!(s.empty_queue_batches, 0, "{}", s.report());
+    assert!(s.report().contains("not input-bound"));
+}
+
+#[test]
+fn chrome_trace_has_every_lane() {
+    let dir = tempfile::tempdir().unwrap();
+    tests::image_folder(&dir.path().join("data"), 2, 4);
+    let mut l = loader(&dir.path().join("data"), true);
+    let trace = l.trace().unwrap();
+    for b in l.epoch(0) {
+        b.unwrap();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        trace.span("train step", t, Instant::now());
+    }
+    let path = dir.path().join("trace.json");
+    l.trace().unwrap().write_chrome_json(&path).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let count = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == "X")
+            .count()
+    };
+    assert_eq!(count("read+decode+transform"), 8);
+    assert_eq!(count("upload"), 2);
+    assert_eq!(count("wait for batch"), 2);
+    assert_eq!(count("train step"), 2);
+    let lanes: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "M")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    for lane in ["wick-upload", "training loop", "wick-decode-0"] {
+        assert!(lanes.contains(&lane), "{lanes:?}");
+    }
+}
