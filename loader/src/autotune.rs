@@ -5,8 +5,9 @@
 //! that matters, the consumer's wait: while the training loop waits (more
 //! than 5% of a window), grow one knob (decode workers first, then batches
 //! in flight, then prefetch) and keep the change only if throughput rose;
-//! while it never waits and batches queue up, try giving a worker back and
-//! keep that only if throughput held. Windows are at least 8 batches and
+//! while it never waits, try giving a worker back and keep that only if
+//! throughput held, never going below a worker count that was once grown
+//! past because the consumer waited. Windows are at least 8 batches and
 //! 0.2 s, and run across epochs. Explicit settings are left alone.
 
 use crate::stats::{Counters, INPUT_BOUND_SHARE};
@@ -264,6 +265,10 @@ impl Tuner {
             } else {
                 rate >= 1.03 * t.rate_before
             };
+            if kept && !t.shrink && t.knob == Knob::Workers {
+                // Fewer workers left the consumer waiting: never shrink below.
+                st.floor = get(Knob::Workers);
+            }
             if !kept {
                 let now_v = get(t.knob);
                 set(t.knob, t.old);

@@ -18,8 +18,7 @@
 //!     .image_size(224)
 //!     .train_transforms() // RandomResizedCrop + horizontal flip
 //!     .shuffle(42)        // a new permutation every epoch, reproducible
-//!     .prefetch(2)
-//!     .build()?;
+//!     .build()?; // workers, batches in flight, prefetch: AUTOTUNE
 //! for epoch in 0..10 {
 //!     for batch in loader.epoch(epoch) {
 //!         let batch = batch?;
@@ -46,8 +45,12 @@
 //! - **Determinism**: the order comes from `(seed, epoch)` and every random
 //!   draw of sample `i` from `(seed, epoch, i)`, so batches are bit-identical
 //!   for any number of workers and any prefetch depth.
-//! - **Bounded memory**: a fixed number of host batch buffers
-//!   ([`LoaderBuilder::batches_in_flight`]) plus the prefetch queue.
+//! - **Bounded memory**: batch buffers, decode scratch and cache stay within
+//!   [`LoaderBuilder::ram_budget`]; AUTOTUNE (the default for workers,
+//!   batches in flight and prefetch) never grows past it.
+//! - **Self-tuning and self-reporting**: AUTOTUNE grows parallelism only while
+//!   the training loop waits for data; [`Stats::report`] and
+//!   [`Stats::verdict`] say whether it starved and why.
 //! - **Bad input**: a missing, empty or corrupt file is an error naming it,
 //!   or, with [`BadSamples::Skip`], left out and listed; panics in sources
 //!   or transforms become errors; decoders run with size limits.

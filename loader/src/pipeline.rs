@@ -902,7 +902,10 @@ impl Iterator for Epoch<'_> {
             return None;
         }
         let t = Instant::now();
-        let got = self.rx.as_ref().map(|rx| (rx.recv(), rx.len()));
+        let got = self.rx.as_ref().map(|rx| {
+            let ready = rx.len();
+            (rx.recv(), ready)
+        });
         match got {
             Some((Ok(item), ready)) => {
                 let shared = &self.loader.shared;

@@ -124,8 +124,8 @@ impl Counters {
         self.in_flight.fetch_sub(1, Relaxed);
     }
 
-    /// The consumer got a batch after waiting `wait`, with `ready` more
-    /// batches already waiting behind it. The first batch of an epoch
+    /// The consumer got a batch after waiting `wait`; `ready` batches were
+    /// waiting when it asked. The first batch of an epoch
     /// (`first`) waits for the pipeline to fill: its wait is kept apart.
     pub(crate) fn consumer_waited(&self, wait: Duration, ready: usize, first: bool) {
         let w = ns(wait);
@@ -139,7 +139,7 @@ impl Counters {
         self.wait_ns.fetch_add(w, Relaxed);
         self.wait_max_ns.fetch_max(w, Relaxed);
         self.wait_hist.record(wait);
-        if ready == 0 && wait > Duration::from_micros(50) {
+        if ready == 0 {
             self.ready_when_asked_empty.fetch_add(1, Relaxed);
         }
     }
@@ -325,10 +325,10 @@ pub struct Stats {
     pub consumer_wait_p99: Duration,
     /// Waits for the first batch of each epoch, while the pipeline fills.
     pub startup_wait: Duration,
-    /// Mean number of batches already waiting when the consumer took one:
-    /// the prefetch queue's occupancy.
+    /// Mean number of batches ready when the consumer asked for one: the
+    /// prefetch queue's occupancy.
     pub mean_ready_batches: f64,
-    /// Batches the consumer had to wait for with the queue empty.
+    /// Batches the consumer asked for with the prefetch queue empty.
     pub empty_queue_batches: u64,
     /// Samples per second each stage could give with the current workers.
     pub stage_rates: StageRates,

@@ -6,6 +6,7 @@
 //! accuracy, images/s and the share of step time spent waiting for data.
 
 mod model;
+mod plot;
 mod shapes;
 
 use candle_core::{DType, Device, Tensor};
@@ -42,12 +43,12 @@ struct Args {
     /// Base width of the ResNet (channels of the first stage).
     #[arg(long, default_value_t = 16)]
     width: usize,
-    /// Decode workers (0: all cores on a GPU, one core on the CPU so the
-    /// model keeps the rest).
+    /// Decode workers (0: AUTOTUNE, which adds workers only while the
+    /// training step waits for data, so a CPU trainer keeps its cores).
     #[arg(long, default_value_t = 0)]
     workers: usize,
     /// Batches prepared ahead.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 0)]
     prefetch: usize,
     /// AdamW learning rate.
     #[arg(long, default_value_t = 2e-3)]
@@ -58,6 +59,13 @@ struct Args {
     /// Train on the CPU even where a GPU is available.
     #[arg(long)]
     cpu: bool,
+    /// Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every
+    /// batch's stages and the training steps.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Draw step time and data wait over the run as an SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// CUDA, then Metal, then the CPU; says how to get a GPU build.
@@ -114,10 +122,7 @@ fn main() -> Res<()> {
     let (train_dir, val_dir) = datasets(&args)?;
     let train_set = ImageFolder::new(&train_dir)?;
     let classes = train_set.classes().len();
-    let workers = match args.workers {
-        0 if device.is_cpu() => 1,
-        n => n,
-    };
+    let workers = args.workers;
     let builder = |src: ImageFolder| {
         Loader::builder(src)
             .batch_size(args.batch_size)
@@ -139,7 +144,9 @@ fn main() -> Res<()> {
     let mut train = builder(train_set)
         .transforms(train_tf)
         .shuffle(args.seed)
+        .trace(args.trace.is_some())
         .build()?;
+    let trace = train.trace();
     let mut val = match &val_dir {
         Some(dir) => Some(builder(ImageFolder::new(dir)?).eval_transforms().build()?),
         None => None,
@@ -165,15 +172,16 @@ fn main() -> Res<()> {
         args.steps.min(train.len())
     };
     println!(
-        "model: ResNet-{} width {}, {} classes; {} train images, batch {}, {} steps/epoch, {} decode workers",
+        "model: ResNet-{} width {}, {} classes; {} train images, batch {}, {} steps/epoch, decode workers {}",
         args.depth,
         args.width,
         classes,
         train.batches(0).iter().map(Vec::len).sum::<usize>(),
         args.batch_size,
         steps_per_epoch,
-        train.workers()
+        if workers == 0 { "AUTOTUNE".to_string() } else { workers.to_string() }
     );
+    let mut timeline = plot::Timeline::default();
 
     for epoch in 0..args.epochs {
         let (mut wait, mut compute) = (Duration::ZERO, Duration::ZERO);
@@ -193,7 +201,12 @@ fn main() -> Res<()> {
             loss_sum += loss.to_scalar::<f32>()? as f64 * batch.len() as f64;
             correct += count_correct(&logits, &batch.labels)?;
             seen += batch.len() as u64;
-            compute += t1.elapsed();
+            let t2 = Instant::now();
+            compute += t2 - t1;
+            if let Some(trace) = &trace {
+                trace.span("train step", t1, t2);
+            }
+            timeline.push(epoch, t1 - t0, t2 - t1);
         }
         drop(batches);
         let elapsed = start.elapsed();
@@ -211,17 +224,25 @@ fn main() -> Res<()> {
             1e3 * compute.as_secs_f64() / steps as f64,
             100.0 * wait.as_secs_f64() / (wait + compute).as_secs_f64().max(1e-9),
         );
+        let (f, p) = train.queue_depths();
+        println!(
+            "  loader: {} workers, {f} in flight, prefetch {p}; {}",
+            train.workers(),
+            train.stats().verdict
+        );
     }
-    let s = train.stats();
-    println!(
-        "loader: {:.0} samples/s decoded, decode {:.0?} + transform {:.0?} per sample, \
-         consumer wait {:.0?} per batch (max {:.0?})",
-        s.samples_per_sec,
-        s.decode_per_sample,
-        s.transform_per_sample,
-        s.consumer_wait_per_batch,
-        s.consumer_wait_max
-    );
+    println!("loader report:\n{}", train.stats().report());
+    if let (Some(path), Some(trace)) = (&args.trace, &trace) {
+        trace.write_chrome_json(path)?;
+        println!(
+            "trace: {} (open in chrome://tracing or ui.perfetto.dev)",
+            path.display()
+        );
+    }
+    if let Some(path) = &args.plot {
+        timeline.draw(path, &format!("ResNet-{} on {:?}", args.depth, device))?;
+        println!("plot: {}", path.display());
+    }
     Ok(())
 }
 
