@@ -19,7 +19,10 @@ pub enum CacheMode {
     /// remote storage), costs the file size.
     Encoded,
     /// The decoded RGB pixels, before any augmentation: saves the read and
-    /// the decode, costs `width * height * 3` bytes per sample.
+    /// the decode, costs `width * height * 3` bytes per sample. With the
+    /// `turbojpeg` feature, cached JPEGs are decoded whole (the uncached path
+    /// decodes only the crop window), so pixels differ within decoder
+    /// rounding from an uncached run; otherwise batches are bit-identical.
     Decoded,
 }
 
