@@ -3,8 +3,9 @@
 //!
 //! Like tf.data's autotuner it is a hill climb, but driven by the number
 //! that matters, the consumer's wait: while the training loop waits (more
-//! than 5% of a window), grow one knob (decode workers first, then batches
-//! in flight, then prefetch) and keep the change only if throughput rose;
+//! than 5% of a window), grow one knob (decode workers first, unless the
+//! measured per-stage times say the upload thread is the slower stage; then
+//! batches in flight, then prefetch) and keep the change only if throughput rose;
 //! while it never waits, try giving a worker back and keep that only if
 //! throughput held, never going below a worker count that was once grown
 //! past because the consumer waited. Windows are at least 8 batches and
@@ -287,7 +288,11 @@ impl Tuner {
             let try_knob = [
                 (
                     Knob::Workers,
-                    self.auto.workers && w < knobs.max_workers && knobs.fits(f, p, w + 1, cache),
+                    // More workers cannot outrun a slower upload thread.
+                    self.auto.workers
+                        && w < knobs.max_workers
+                        && !counters.upload_bound(w)
+                        && knobs.fits(f, p, w + 1, cache),
                 ),
                 (
                     Knob::InFlight,

@@ -168,6 +168,22 @@ impl Counters {
         Duration::from_nanos(self.wait_ns.load(Relaxed))
     }
 
+    /// Whether the one upload thread, not the decode workers, sets the
+    /// pace: per sample it takes longer than the `workers` together need
+    /// to read, decode and transform one.
+    pub(crate) fn upload_bound(&self, workers: usize) -> bool {
+        let samples = self.samples.load(Relaxed);
+        if samples == 0 || self.batches_ready.load(Relaxed) == 0 {
+            return false;
+        }
+        let work = self.read_ns.load(Relaxed)
+            + self.decode_ns.load(Relaxed)
+            + self.transform_ns.load(Relaxed);
+        let upload = self.upload_ns.load(Relaxed);
+        // work / samples / workers < upload / samples
+        work < upload.saturating_mul(workers as u64)
+    }
+
     pub(crate) fn delivered(&self) -> u64 {
         self.batches_delivered.load(Relaxed)
     }
@@ -511,6 +527,25 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upload_bound_compares_the_upload_thread_with_the_workers() {
+        let c = Counters::default();
+        assert!(!c.upload_bound(2), "nothing measured yet");
+        let t = SampleTimes {
+            decode: Duration::from_micros(900),
+            transform: Duration::from_micros(100),
+            decoded_bytes: 0,
+        };
+        for _ in 0..4 {
+            c.sample(Duration::ZERO, &t);
+        }
+        c.batch_started();
+        // 4 samples uploaded in 1 ms: 250 us per sample.
+        c.batch_uploaded(Duration::from_millis(1));
+        assert!(!c.upload_bound(2), "2 workers give one sample per 500 us");
+        assert!(c.upload_bound(8), "8 workers give one per 125 us");
+    }
 
     #[test]
     fn wait_quantiles_are_within_ten_percent() {
