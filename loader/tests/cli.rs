@@ -12,28 +12,10 @@ fn write_png(path: &std::path::Path, shade: u8) {
 }
 
 fn bench_json(data: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
-        .arg("bench")
-        .arg(data)
-        .args([
-            "--batch-size",
-            "4",
-            "--image-size",
-            "16",
-            "--epochs",
-            "2",
-            "--workers",
-            "2",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    bench_json_with(
+        data,
+        &["--image-size", "16", "--epochs", "2", "--workers", "2"],
+    )
 }
 
 #[test]
@@ -105,28 +87,21 @@ fn convert_writes_every_format_and_bench_reads_it() {
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("wrote 10 records in 3 shards"), "{stdout}");
-        let r = if stream {
-            bench_json_with(&dst, &["--interleave", "2,1", "--shuffle-buffer", "3"])
-        } else {
-            bench_json(&dst)
-        };
+        let mut args = vec!["--image-size", "8", "--epochs", "1"];
+        if stream {
+            args.extend(["--interleave", "2,1", "--shuffle-buffer", "3"]);
+        }
+        let r = bench_json_with(&dst, &args);
         assert_eq!(r["samples"], 10, "{format}: {r}");
     }
 }
 
+/// `wick bench DATA --batch-size 4 --json` plus `extra`.
 fn bench_json_with(data: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_wick"))
         .arg("bench")
         .arg(data)
-        .args([
-            "--batch-size",
-            "4",
-            "--image-size",
-            "8",
-            "--epochs",
-            "1",
-            "--json",
-        ])
+        .args(["--batch-size", "4", "--json"])
         .args(extra)
         .output()
         .unwrap();
