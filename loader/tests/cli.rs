@@ -66,24 +66,19 @@ fn convert_writes_every_format_and_bench_reads_it() {
         ("safetensors-pixels", true),
     ] {
         let dst = dir.path().join(format);
-        let out = Command::new(env!("CARGO_BIN_EXE_wick"))
-            .arg("convert")
-            .arg(dir.path().join("folder"))
-            .arg(&dst)
-            .args([
-                "--format",
-                format,
-                "--shard-size",
-                "4",
-                "--pixels-size",
-                "12",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeed(
+            Command::new(env!("CARGO_BIN_EXE_wick"))
+                .arg("convert")
+                .arg(dir.path().join("folder"))
+                .arg(&dst)
+                .args([
+                    "--format",
+                    format,
+                    "--shard-size",
+                    "4",
+                    "--pixels-size",
+                    "12",
+                ]),
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("wrote 10 records in 3 shards"), "{stdout}");
@@ -98,17 +93,23 @@ fn convert_writes_every_format_and_bench_reads_it() {
 
 /// `wick bench DATA --batch-size 4 --json` plus `extra`.
 fn bench_json_with(data: &std::path::Path, extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
-        .arg("bench")
-        .arg(data)
-        .args(["--batch-size", "4", "--json"])
-        .args(extra)
-        .output()
-        .unwrap();
+    let out = succeed(
+        Command::new(env!("CARGO_BIN_EXE_wick"))
+            .arg("bench")
+            .arg(data)
+            .args(["--batch-size", "4", "--json"])
+            .args(extra),
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs `cmd` and checks that it succeeded, showing its stderr if not.
+fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out
 }
