@@ -74,6 +74,7 @@ mod decode;
 mod decode_turbo;
 mod device;
 mod error;
+mod jpeg;
 mod pipeline;
 mod pool;
 mod rng;

@@ -136,6 +136,8 @@ struct Scratch {
     decoded: Vec<u8>,
     /// The resized image, for outputs that are not written by the resizer.
     resized: Vec<u8>,
+    /// The window decoder's tables and planes.
+    jpeg: crate::jpeg::Scratch,
 }
 
 impl Scratch {
@@ -143,7 +145,7 @@ impl Scratch {
     fn account(&self) {
         use crate::autotune::{SCRATCH_BYTES, SCRATCH_MAX};
         use std::sync::atomic::Ordering::Relaxed;
-        let bytes = (self.decoded.capacity() + self.resized.capacity()) as u64;
+        let bytes = (self.decoded.capacity() + self.resized.capacity() + self.jpeg.bytes()) as u64;
         REPORTED.with(|r| {
             let old = r.replace(bytes);
             if bytes > old {
@@ -161,6 +163,7 @@ thread_local! {
         resizer: Resizer::new(),
         decoded: Vec::new(),
         resized: Vec::new(),
+        jpeg: crate::jpeg::Scratch::default(),
     });
 }
 
@@ -270,6 +273,7 @@ impl ImageTransform {
             resizer,
             decoded,
             resized,
+            jpeg,
         } = scratch;
         let t0 = Instant::now();
         #[cfg(feature = "turbojpeg")]
@@ -286,6 +290,34 @@ impl ImageTransform {
                     transform: t1.elapsed(),
                     decoded_bytes: (r.width * r.height * 3) as u64,
                 });
+            }
+        }
+        if bytes.starts_with(&[0xFF, 0xD8]) {
+            let mut picked = None;
+            let choose = |w, h| {
+                let (crop, flip) = self.params(w, h, epoch, index);
+                picked = Some((crop, flip));
+                self.window(crop, w, h)
+            };
+            if let Some(win) = crate::jpeg::decode_window(bytes, jpeg, decoded, choose) {
+                if let Some((crop, flip)) = picked {
+                    let t1 = Instant::now();
+                    let (rw, rh) = (win.width(), win.height());
+                    let left = crop.left - win.x0 as f64;
+                    let top = crop.top - win.y0 as f64;
+                    let crop = Crop {
+                        left,
+                        top,
+                        width: crop.width.min(rw as f64 - left),
+                        height: crop.height.min(rh as f64 - top),
+                    };
+                    self.resample(resizer, resized, key, decoded, (rw, rh), crop, flip, slot)?;
+                    return Ok(SampleTimes {
+                        decode: t1 - t0,
+                        transform: t1.elapsed(),
+                        decoded_bytes: (rw * rh * 3) as u64,
+                    });
+                }
             }
         }
         let (iw, ih) = decode_rgb_into(key, bytes, decoded)?;
@@ -337,6 +369,24 @@ impl ImageTransform {
                 slot,
             )
         })
+    }
+
+    /// The pixels a resize of `crop` reads in a `w x h` image: the crop
+    /// plus the filter's reach past its edges (the antialiased bilinear
+    /// filter spans the downscale factor, at least 1 pixel, either side),
+    /// so decoding only this window gives the same output as decoding all.
+    fn window(&self, crop: Crop, w: usize, h: usize) -> crate::jpeg::Window {
+        let reach = |len: f64, out: usize| (len / out as f64).max(1.0).ceil() + 1.0;
+        let (rx, ry) = (
+            reach(crop.width, self.width),
+            reach(crop.height, self.height),
+        );
+        crate::jpeg::Window {
+            x0: (crop.left - rx).floor().max(0.0) as usize,
+            y0: (crop.top - ry).floor().max(0.0) as usize,
+            x1: ((crop.left + crop.width + rx).ceil() as usize).min(w),
+            y1: ((crop.top + crop.height + ry).ceil() as usize).min(h),
+        }
     }
 
     /// Output width and height.
@@ -643,5 +693,41 @@ mod tests {
             std: [1.0, 0.0, 1.0],
         };
         assert!(t(Transforms::eval(32), bad).is_err());
+    }
+
+    #[test]
+    fn window_decode_gives_the_full_decode_output() {
+        // A 4:2:0 baseline JPEG (image's encoder): `apply` decodes only the
+        // crop's window; `apply_decoded` resizes zune-jpeg's full decode.
+        let (w, h) = (403u32, 354u32);
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            let v = ((x as f32 / 9.0).sin() * 60.0 + (y as f32 / 7.0).cos() * 60.0) as i32;
+            image::Rgb([(128 + v) as u8, (x % 256) as u8, (y * 3 % 256) as u8])
+        });
+        let mut jpeg = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+        let jpeg = jpeg.into_inner();
+        let mut full = Vec::new();
+        let wh = decode_rgb_into("t", &jpeg, &mut full).unwrap();
+        let mut windows = 0;
+        for (transforms, size) in [(Transforms::train(), 96), (Transforms::eval(224), 224)] {
+            let t = ImageTransform::new(transforms, Output::U8Nhwc, size, size, 5).unwrap();
+            for index in 0..12 {
+                let mut a = vec![0u8; t.slot_len()];
+                let times = t.apply("t", &jpeg, 0, index, Slot::U8(&mut a)).unwrap();
+                windows += usize::from(times.decoded_bytes < (w * h * 3) as u64);
+                let mut b = vec![0u8; t.slot_len()];
+                t.apply_decoded("t", &full[..], wh, 0, index, Slot::U8(&mut b))
+                    .unwrap();
+                let diff: u64 = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y) as u64).sum();
+                let mean = diff as f64 / a.len() as f64;
+                // Same crop and filter; only IDCT and chroma rounding differ.
+                assert!(
+                    mean < 0.6,
+                    "{transforms:?} sample {index}: mean difference {mean}"
+                );
+            }
+        }
+        assert!(windows >= 12, "only {windows} samples decoded a window");
     }
 }

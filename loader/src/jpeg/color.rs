@@ -1,0 +1,207 @@
+//! Chroma upsampling and YCbCr to RGB for one output row.
+//!
+//! Upsampling is libjpeg's "fancy" (triangle) filter, the default of
+//! libjpeg, libjpeg-turbo and so of PIL and torchvision: each output sample
+//! weighs the nearest input sample 3/4 and the next nearest 1/4 per axis.
+//! Neighbours past the edge of the image repeat the edge sample, as libjpeg
+//! does; inside the image they must be decoded (the caller decodes a margin).
+
+/// One component's decoded samples and where they sit in the image.
+pub(super) struct Plane<'a> {
+    pub(super) samples: &'a [u8],
+    /// Samples per row of `samples`.
+    pub(super) stride: usize,
+    /// Component coordinates of `samples[0]`.
+    pub(super) x0: usize,
+    pub(super) y0: usize,
+    /// One past the last valid component column and row (the decoded part
+    /// that lies inside the image).
+    pub(super) x_end: usize,
+    pub(super) y_end: usize,
+    /// Image pixels per component sample: 1 or 2.
+    pub(super) fx: usize,
+    pub(super) fy: usize,
+}
+
+impl Plane<'_> {
+    fn row(&self, cy: usize) -> &[u8] {
+        let start = (cy - self.y0) * self.stride;
+        &self.samples[start..start + self.stride]
+    }
+
+    /// Writes the full-resolution samples of image row `y`, columns
+    /// `x..x + out.len()`, into `out`; `sums` and `wide` are scratch.
+    #[inline(always)]
+    pub(super) fn upsample_row(
+        &self,
+        y: usize,
+        x: usize,
+        out: &mut [u8],
+        sums: &mut Vec<u16>,
+        wide: &mut Vec<u8>,
+    ) {
+        let cy = y / self.fy;
+        if self.fx == 1 && self.fy == 1 {
+            let start = x - self.x0;
+            out.copy_from_slice(&self.row(cy)[start..start + out.len()]);
+            return;
+        }
+        // Column sums over the component columns the row needs, one
+        // neighbour either side, on a x4 scale.
+        let first = (x / self.fx).saturating_sub(1).max(self.x0);
+        let last = ((x + out.len() - 1) / self.fx + 1).min(self.x_end - 1);
+        let near = &self.row(cy)[first - self.x0..=last - self.x0];
+        sums.clear();
+        if self.fy == 2 {
+            let far = if y % 2 == 0 {
+                cy.saturating_sub(1).max(self.y0)
+            } else {
+                (cy + 1).min(self.y_end - 1)
+            };
+            let far = &self.row(far)[first - self.x0..=last - self.x0];
+            sums.extend(near.iter().zip(far).map(|(&a, &b)| 3 * a as u16 + b as u16));
+        } else {
+            sums.extend(near.iter().map(|&a| 4 * a as u16));
+        }
+        if self.fx == 1 {
+            let s = &sums[x - first..];
+            for (o, &v) in out.iter_mut().zip(s) {
+                *o = ((v + 2) >> 2) as u8;
+            }
+            return;
+        }
+        // Both output pixels of every component column in `first..=last`,
+        // then the part the caller asked for. libjpeg's rounding: h2v1
+        // adds 1 and 2 (x4 scale), h2v2 8 and 7 (x16).
+        let (even, odd) = if self.fy == 2 { (8, 7) } else { (4, 8) };
+        let n = sums.len();
+        wide.clear();
+        wide.resize(2 * n, 0);
+        let px = |c: u16, nb: u16, bias: u16| ((3 * c + nb + bias) >> 4) as u8;
+        wide[0] = px(sums[0], sums[0], even);
+        wide[2 * n - 1] = px(sums[n - 1], sums[n - 1], odd);
+        if n > 1 {
+            wide[1] = px(sums[0], sums[1], odd);
+            wide[2 * n - 2] = px(sums[n - 1], sums[n - 2], even);
+        }
+        for (pair, w) in wide[2..2 * n - 2].chunks_exact_mut(2).zip(sums.windows(3)) {
+            pair[0] = px(w[1], w[0], even);
+            pair[1] = px(w[1], w[2], odd);
+        }
+        let start = x - 2 * first;
+        out.copy_from_slice(&wide[start..start + out.len()]);
+    }
+}
+
+/// JFIF YCbCr to packed RGB, in 16-bit fixed point as libjpeg does.
+#[inline(always)]
+pub(super) fn ycbcr_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    const R_CR: i32 = 91_881; // 1.402 * 2^16
+    const G_CB: i32 = 22_554; // 0.344136 * 2^16
+    const G_CR: i32 = 46_802; // 0.714136 * 2^16
+    const B_CB: i32 = 116_130; // 1.772 * 2^16
+    const HALF: i32 = 1 << 15;
+    const N: usize = 16;
+    let convert = |y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]| {
+        for (((rgb, &y), &cb), &cr) in out.chunks_exact_mut(3).zip(y).zip(cb).zip(cr) {
+            let (y, cb, cr) = (y as i32, cb as i32 - 128, cr as i32 - 128);
+            rgb[0] = (y + ((R_CR * cr + HALF) >> 16)).clamp(0, 255) as u8;
+            rgb[1] = (y - ((G_CB * cb + G_CR * cr - HALF) >> 16)).clamp(0, 255) as u8;
+            rgb[2] = (y + ((B_CB * cb + HALF) >> 16)).clamp(0, 255) as u8;
+        }
+    };
+    // Whole chunks: channels computed as separate arrays (vectorised), then
+    // interleaved.
+    let chunks = y.len().min(cb.len()).min(cr.len()).min(out.len() / 3) / N;
+    for i in 0..chunks {
+        let (y, cb, cr) = (&y[i * N..][..N], &cb[i * N..][..N], &cr[i * N..][..N]);
+        let mut r = [0u8; N];
+        let mut g = [0u8; N];
+        let mut b = [0u8; N];
+        for j in 0..N {
+            let (yy, u, v) = (y[j] as i32, cb[j] as i32 - 128, cr[j] as i32 - 128);
+            r[j] = (yy + ((R_CR * v + HALF) >> 16)).clamp(0, 255) as u8;
+            g[j] = (yy - ((G_CB * u + G_CR * v - HALF) >> 16)).clamp(0, 255) as u8;
+            b[j] = (yy + ((B_CB * u + HALF) >> 16)).clamp(0, 255) as u8;
+        }
+        for (j, px) in out[i * N * 3..][..N * 3].chunks_exact_mut(3).enumerate() {
+            px[0] = r[j];
+            px[1] = g[j];
+            px[2] = b[j];
+        }
+    }
+    let k = chunks * N;
+    convert(&y[k..], &cb[k..], &cr[k..], &mut out[k * 3..]);
+}
+
+/// Gray to packed RGB.
+#[inline(always)]
+pub(super) fn gray_to_rgb(y: &[u8], out: &mut [u8]) {
+    for (rgb, &v) in out.chunks_exact_mut(3).zip(y) {
+        rgb.fill(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h2v1_matches_libjpeg() {
+        // libjpeg h2v1_fancy_upsample on [10, 50, 90]:
+        // 10, (30+50+2)/4=20... edges repeat.
+        let samples = [10u8, 50, 90];
+        let p = Plane {
+            samples: &samples,
+            stride: 3,
+            x0: 0,
+            y0: 0,
+            x_end: 3,
+            y_end: 1,
+            fx: 2,
+            fy: 1,
+        };
+        let mut out = [0u8; 6];
+        p.upsample_row(0, 0, &mut out, &mut Vec::new(), &mut Vec::new());
+        // even: (3*c + left + 1) / 4, odd: (3*c + right + 2) / 4
+        assert_eq!(out, [10, 20, 40, 60, 80, 90]);
+        let mut part = [0u8; 3];
+        p.upsample_row(0, 2, &mut part, &mut Vec::new(), &mut Vec::new());
+        assert_eq!(part, [40, 60, 80]);
+    }
+
+    #[test]
+    fn h2v2_weighs_the_nearer_row() {
+        let samples = [0u8, 0, 160, 160];
+        let p = Plane {
+            samples: &samples,
+            stride: 2,
+            x0: 0,
+            y0: 0,
+            x_end: 2,
+            y_end: 2,
+            fx: 2,
+            fy: 2,
+        };
+        let mut out = [0u8; 4];
+        let (mut sums, mut wide) = (Vec::new(), Vec::new());
+        p.upsample_row(0, 0, &mut out, &mut sums, &mut wide);
+        assert_eq!(out, [0; 4], "row 0 repeats the edge above");
+        p.upsample_row(1, 0, &mut out, &mut sums, &mut wide);
+        assert_eq!(out, [40; 4], "row 1: 3/4 of row 0, 1/4 of row 1");
+        p.upsample_row(2, 0, &mut out, &mut sums, &mut wide);
+        assert_eq!(out, [120; 4]);
+        p.upsample_row(3, 0, &mut out, &mut sums, &mut wide);
+        assert_eq!(out, [160; 4]);
+    }
+
+    #[test]
+    fn ycbcr_primaries() {
+        let mut out = [0u8; 9];
+        ycbcr_to_rgb(&[76, 150, 29], &[85, 44, 255], &[255, 21, 107], &mut out);
+        let want = [254, 0, 0, 0, 255, 1, 0, 0, 254];
+        for (g, w) in out.iter().zip(want) {
+            assert!(g.abs_diff(w) <= 1, "{out:?}");
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Huffman tables and the bit reader of a baseline JPEG scan.
+//!
+//! Codes of up to [`FAST_BITS`] bits are found with one table lookup; for AC
+//! tables a second table also holds the run and the value when code and
+//! value bits together fit (stb_image's trick), so most coefficients cost one
+//! lookup. The reader keeps 64 bits buffered and refills 8 bytes at a time
+//! when none of them is 0xFF (no byte stuffing or marker to handle).
+
+/// Bits looked up at once; longer codes take the slow path.
+const FAST_BITS: u32 = 9;
+const FAST_SIZE: usize = 1 << FAST_BITS;
+
+/// Natural (row-major) index of the coefficient at each zigzag position.
+pub(super) const ZIGZAG: [u8; 64] = [
+    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20,
+    13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59,
+    52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
+];
+
+/// One Huffman table (DHT segment), in lookup form.
+pub(super) struct Table {
+    /// `length << 8 | symbol` for the code that starts with these
+    /// `FAST_BITS` bits, or 0 when that code is longer.
+    fast: [u16; FAST_SIZE],
+    /// For AC tables: `value << 16 | run << 8 | bits used` when code and
+    /// value together fit in `FAST_BITS`, else 0.
+    fast_ac: [i32; FAST_SIZE],
+    /// `maxcode[l]`: one past the last code of length `l`, left-aligned to
+    /// 16 bits.
+    maxcode: [u32; 17],
+    /// `delta[l]`: index in `symbols` of a code of length `l`, minus the code.
+    delta: [i32; 17],
+    symbols: [u8; 256],
+    /// Set by a DHT segment.
+    pub(super) defined: bool,
+}
+
+impl Table {
+    pub(super) fn empty() -> Self {
+        Table {
+            fast: [0; FAST_SIZE],
+            fast_ac: [0; FAST_SIZE],
+            maxcode: [0; 17],
+            delta: [0; 17],
+            symbols: [0; 256],
+            defined: false,
+        }
+    }
+
+    /// Builds the table from a DHT's 16 code counts and its symbols; `None`
+    /// when the counts do not describe a prefix code.
+    pub(super) fn build(&mut self, counts: &[u8], symbols: &[u8]) -> Option<()> {
+        if counts.len() != 16 || symbols.len() > 256 {
+            return None;
+        }
+        self.fast.fill(0);
+        self.fast_ac.fill(0);
+        self.symbols[..symbols.len()].copy_from_slice(symbols);
+        let (mut code, mut k) = (0u32, 0usize);
+        for len in 1..=16u32 {
+            let n = counts[len as usize - 1] as usize;
+            self.delta[len as usize] = k as i32 - code as i32;
+            if code + n as u32 > 1 << len {
+                return None;
+            }
+            for _ in 0..n {
+                let sym = *symbols.get(k)?;
+                if len <= FAST_BITS {
+                    let shift = FAST_BITS - len;
+                    let first = (code << shift) as usize;
+                    let entry = (len << 8) as u16 | sym as u16;
+                    self.fast[first..first + (1 << shift)].fill(entry);
+                }
+                code += 1;
+                k += 1;
+            }
+            self.maxcode[len as usize] = code << (16 - len);
+            code <<= 1;
+        }
+        if k != symbols.len() {
+            return None;
+        }
+        for (i, &e) in self.fast.iter().enumerate() {
+            let (len, rs) = ((e >> 8) as u32, (e & 0xFF) as u32);
+            let (run, size) = (rs >> 4, rs & 15);
+            if e != 0 && size != 0 && len + size <= FAST_BITS {
+                let raw = (i as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
+                let value = extend(raw as i32, size);
+                self.fast_ac[i] = value * 65536 + (run << 8 | (len + size)) as i32;
+            }
+        }
+        self.defined = true;
+        Some(())
+    }
+}
+
+/// JPEG's sign extension of a `size`-bit magnitude category value.
+#[inline(always)]
+fn extend(v: i32, size: u32) -> i32 {
+    if size == 0 {
+        0
+    } else if v < 1 << (size - 1) {
+        v - (1 << size) + 1
+    } else {
+        v
+    }
+}
+
+/// Reads the entropy-coded bits of one scan.
+pub(super) struct Bits<'a> {
+    data: &'a [u8],
+    pos: usize,
+    /// Buffered bits, most significant first.
+    buf: u64,
+    /// Number of valid bits in `buf`.
+    n: u32,
+    /// A marker or the end of the data was reached: only zero bits follow.
+    ended: bool,
+    /// Zero bits pushed after `ended` that are still counted in `n` or were
+    /// consumed; consuming one means the data was truncated.
+    pad: u32,
+}
+
+impl<'a> Bits<'a> {
+    pub(super) fn new(data: &'a [u8]) -> Self {
+        Bits {
+            data,
+            pos: 0,
+            buf: 0,
+            n: 0,
+            ended: false,
+            pad: 0,
+        }
+    }
+
+    /// Tops the buffer up to at least 57 bits.
+    #[inline(always)]
+    fn refill(&mut self) {
+        if !self.ended {
+            if let Some(chunk) = self.data.get(self.pos..self.pos + 8) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(chunk);
+                let word = u64::from_be_bytes(word);
+                let inv = !word;
+                let has_ff =
+                    inv.wrapping_sub(0x0101_0101_0101_0101) & !inv & 0x8080_8080_8080_8080 != 0;
+                if !has_ff {
+                    let take = (63 - self.n) / 8;
+                    self.buf |= (word >> (64 - 8 * take)) << (64 - self.n - 8 * take);
+                    self.pos += take as usize;
+                    self.n += 8 * take;
+                    return;
+                }
+            }
+        }
+        while self.n <= 56 {
+            let b = self.next_byte();
+            self.buf |= (b as u64) << (56 - self.n);
+            self.n += 8;
+        }
+    }
+
+    fn next_byte(&mut self) -> u8 {
+        if !self.ended {
+            match self.data.get(self.pos) {
+                Some(0xFF) => {
+                    if self.data.get(self.pos + 1) == Some(&0) {
+                        self.pos += 2;
+                        return 0xFF;
+                    }
+                    self.ended = true;
+                }
+                Some(&b) => {
+                    self.pos += 1;
+                    return b;
+                }
+                None => self.ended = true,
+            }
+        }
+        self.pad += 8;
+        0
+    }
+
+    #[inline(always)]
+    fn consume(&mut self, k: u32) {
+        self.buf <<= k;
+        self.n -= k;
+    }
+
+    /// Reads `size` bits (at most 16) as a sign-extended value.
+    #[inline(always)]
+    fn receive_extend(&mut self, size: u32) -> i32 {
+        if size == 0 {
+            return 0;
+        }
+        let v = (self.buf >> (64 - size)) as i32;
+        self.consume(size);
+        extend(v, size)
+    }
+
+    /// Decodes one symbol; needs at least 16 buffered bits.
+    #[inline(always)]
+    fn symbol(&mut self, t: &Table) -> Option<u8> {
+        let e = t.fast[(self.buf >> (64 - FAST_BITS)) as usize];
+        if e != 0 {
+            self.consume((e >> 8) as u32);
+            return Some(e as u8);
+        }
+        let v = (self.buf >> 48) as u32;
+        for len in FAST_BITS + 1..=16 {
+            if v < t.maxcode[len as usize] {
+                let index = (v >> (16 - len)) as i32 + t.delta[len as usize];
+                let sym = *t.symbols.get(usize::try_from(index).ok()?)?;
+                self.consume(len);
+                return Some(sym);
+            }
+        }
+        None
+    }
+
+    /// Whether every bit consumed so far came from the data (no padding
+    /// past a marker or the end was read).
+    pub(super) fn intact(&self) -> bool {
+        self.pad <= self.n
+    }
+
+    /// Handles a restart marker: drops the buffered bits and steps over
+    /// `RSTn`; `false` when the data is not at one.
+    pub(super) fn restart(&mut self) -> bool {
+        if !self.intact() {
+            return false;
+        }
+        self.buf = 0;
+        self.n = 0;
+        self.pad = 0;
+        self.ended = false;
+        let mut p = self.pos;
+        if self.data.get(p) != Some(&0xFF) {
+            return false;
+        }
+        while self.data.get(p) == Some(&0xFF) {
+            p += 1;
+        }
+        match self.data.get(p) {
+            Some(0xD0..=0xD7) => {
+                self.pos = p + 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Decodes one 8x8 block: DC difference into `pred`, and when `store`,
+    /// the quantized coefficients in natural order into `coef` (which must be
+    /// zero on entry). Returns whether any AC coefficient was stored, or
+    /// `None` for a code the tables do not hold.
+    #[inline(always)]
+    pub(super) fn block(
+        &mut self,
+        dc: &Table,
+        ac: &Table,
+        pred: &mut i32,
+        coef: &mut [i16; 64],
+        store: bool,
+    ) -> Option<bool> {
+        if self.n < 32 {
+            self.refill();
+        }
+        let size = self.symbol(dc)? as u32;
+        if size > 15 {
+            return None;
+        }
+        let diff = self.receive_extend(size);
+        *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
+        coef[0] = *pred as i16;
+        let mut any_ac = false;
+        let mut k = 1usize;
+        while k < 64 {
+            if self.n < 32 {
+                self.refill();
+            }
+            let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
+            if f != 0 {
+                k += ((f >> 8) & 0xFF) as usize;
+                self.consume((f & 0xFF) as u32);
+                if k > 63 {
+                    return None;
+                }
+                if store {
+                    coef[ZIGZAG[k] as usize] = (f >> 16) as i16;
+                    any_ac = true;
+                }
+                k += 1;
+                continue;
+            }
+            let rs = self.symbol(ac)? as u32;
+            let (run, size) = ((rs >> 4) as usize, rs & 15);
+            if size == 0 {
+                if run != 15 {
+                    break;
+                }
+                k += 16;
+                continue;
+            }
+            k += run;
+            if k > 63 {
+                return None;
+            }
+            let v = self.receive_extend(size);
+            if store {
+                coef[ZIGZAG[k] as usize] = v as i16;
+                any_ac = true;
+            }
+            k += 1;
+        }
+        Some(any_ac)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `codes` (value, length) MSB first, stuffing 0xFF bytes.
+    fn pack(codes: &[(u32, u32)]) -> Vec<u8> {
+        let (mut acc, mut n, mut out) = (0u64, 0u32, Vec::new());
+        for &(v, len) in codes {
+            acc = acc << len | v as u64;
+            n += len;
+            while n >= 8 {
+                let b = (acc >> (n - 8)) as u8;
+                out.push(b);
+                if b == 0xFF {
+                    out.push(0);
+                }
+                n -= 8;
+            }
+        }
+        if n > 0 {
+            let b = ((acc << (8 - n)) as u8) | ((1 << (8 - n)) - 1) as u8;
+            out.push(b);
+            if b == 0xFF {
+                out.push(0);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fast_and_slow_codes_decode() {
+        // Lengths 2, 3 and 12: codes 00, 010, then 0110_0000_0000.
+        let mut counts = [0u8; 16];
+        counts[1] = 1;
+        counts[2] = 1;
+        counts[11] = 1;
+        let mut t = Table::empty();
+        t.build(&counts, &[5, 7, 9]).unwrap();
+        let data = pack(&[(0b00, 2), (0b011000000000, 12), (0b010, 3), (0xFF, 8)]);
+        let mut bits = Bits::new(&data);
+        bits.refill();
+        assert_eq!(bits.symbol(&t), Some(5));
+        assert_eq!(bits.symbol(&t), Some(9));
+        assert_eq!(bits.symbol(&t), Some(7));
+        assert_eq!(bits.receive_extend(8), 255);
+        assert!(bits.intact());
+    }
+
+    #[test]
+    fn over_full_counts_are_rejected() {
+        let mut counts = [0u8; 16];
+        counts[0] = 3; // three 1-bit codes cannot exist
+        assert!(Table::empty().build(&counts, &[1, 2, 3]).is_none());
+    }
+
+    #[test]
+    fn extend_matches_the_standard() {
+        assert_eq!(extend(0, 1), -1);
+        assert_eq!(extend(1, 1), 1);
+        assert_eq!(extend(0b011, 3), -4);
+        assert_eq!(extend(0b100, 3), 4);
+    }
+}
