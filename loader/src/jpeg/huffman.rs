@@ -252,8 +252,8 @@ impl<'a> Bits<'a> {
 
     /// Decodes one 8x8 block: DC difference into `pred`, and when `store`,
     /// the quantized coefficients in natural order into `coef` (which must be
-    /// zero on entry). Returns whether any AC coefficient was stored, or
-    /// `None` for a code the tables do not hold.
+    /// zero on entry). Returns the zigzag position of the last stored
+    /// coefficient (0: DC only), or `None` for a code the tables do not hold.
     #[inline(always)]
     pub(super) fn block(
         &mut self,
@@ -262,7 +262,7 @@ impl<'a> Bits<'a> {
         pred: &mut i32,
         coef: &mut [i16; 64],
         store: bool,
-    ) -> Option<bool> {
+    ) -> Option<usize> {
         if self.n < 32 {
             self.refill();
         }
@@ -273,7 +273,7 @@ impl<'a> Bits<'a> {
         let diff = self.receive_extend(size);
         *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
         coef[0] = *pred as i16;
-        let mut any_ac = false;
+        let mut last = 0;
         let mut k = 1usize;
         while k < 64 {
             if self.n < 32 {
@@ -288,7 +288,7 @@ impl<'a> Bits<'a> {
                 }
                 if store {
                     coef[ZIGZAG[k] as usize] = (f >> 16) as i16;
-                    any_ac = true;
+                    last = k;
                 }
                 k += 1;
                 continue;
@@ -309,11 +309,11 @@ impl<'a> Bits<'a> {
             let v = self.receive_extend(size);
             if store {
                 coef[ZIGZAG[k] as usize] = v as i16;
-                any_ac = true;
+                last = k;
             }
             k += 1;
         }
-        Some(any_ac)
+        Some(last)
     }
 }
 

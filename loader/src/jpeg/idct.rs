@@ -1,156 +1,185 @@
-//! The 8x8 inverse DCT: the AAN factorisation in `f32` (libjpeg's
-//! `jidctflt.c` algorithm), written on rows of eight lanes so the compiler
-//! vectorises both passes.
+//! The 8x8 inverse DCT as two passes of an 8x8 matrix product in `f32`,
+//! written on rows of eight lanes so the compiler vectorises them, with no
+//! transposes. Rows and columns of coefficients that are all zero (most of
+//! them in a photograph's block) are skipped.
 
 use super::huffman::ZIGZAG;
 
-/// AAN scale factors: `cos(k * pi / 16) * sqrt(2)` for `k > 0`, 1 for 0.
-const AAN: [f32; 8] = [
-    1.0,
-    1.387_039_8,
-    1.306_563,
-    1.175_875_6,
-    1.0,
-    0.785_694_96,
-    0.541_196_1,
-    0.275_899_38,
+/// `BASIS[k][y] = c(k) / 2 * cos((2y + 1) k pi / 16)`, `c(0) = 1 / sqrt(2)`,
+/// else 1: one 1-D inverse DCT is `x[y] = sum over k of BASIS[k][y] * X[k]`.
+#[allow(clippy::excessive_precision)]
+const BASIS: [[f32; 8]; 8] = [
+    [
+        0.353553391,
+        0.353553391,
+        0.353553391,
+        0.353553391,
+        0.353553391,
+        0.353553391,
+        0.353553391,
+        0.353553391,
+    ],
+    [
+        0.490392640,
+        0.415734806,
+        0.277785117,
+        0.097545161,
+        -0.097545161,
+        -0.277785117,
+        -0.415734806,
+        -0.490392640,
+    ],
+    [
+        0.461939766,
+        0.191341716,
+        -0.191341716,
+        -0.461939766,
+        -0.461939766,
+        -0.191341716,
+        0.191341716,
+        0.461939766,
+    ],
+    [
+        0.415734806,
+        -0.097545161,
+        -0.490392640,
+        -0.277785117,
+        0.277785117,
+        0.490392640,
+        0.097545161,
+        -0.415734806,
+    ],
+    [
+        0.353553391,
+        -0.353553391,
+        -0.353553391,
+        0.353553391,
+        0.353553391,
+        -0.353553391,
+        -0.353553391,
+        0.353553391,
+    ],
+    [
+        0.277785117,
+        -0.490392640,
+        0.097545161,
+        0.415734806,
+        -0.415734806,
+        -0.097545161,
+        0.490392640,
+        -0.277785117,
+    ],
+    [
+        0.191341716,
+        -0.461939766,
+        0.461939766,
+        -0.191341716,
+        -0.191341716,
+        0.461939766,
+        -0.461939766,
+        0.191341716,
+    ],
+    [
+        0.097545161,
+        -0.277785117,
+        0.415734806,
+        -0.490392640,
+        0.490392640,
+        -0.415734806,
+        0.277785117,
+        -0.097545161,
+    ],
 ];
 
-/// A DQT table in zigzag order turned into the AAN multipliers, in natural
-/// order, with the final division by 8 folded in.
+/// For the last non-zero zigzag position `k`: how many leading rows and
+/// columns of the block can hold non-zero coefficients.
+const EXTENT: [(u8, u8); 64] = {
+    let mut out = [(0u8, 0u8); 64];
+    let (mut rows, mut cols) = (0u8, 0u8);
+    let mut k = 0;
+    while k < 64 {
+        let n = ZIGZAG[k];
+        if n / 8 + 1 > rows {
+            rows = n / 8 + 1;
+        }
+        if n % 8 + 1 > cols {
+            cols = n % 8 + 1;
+        }
+        out[k] = (rows, cols);
+        k += 1;
+    }
+    out
+};
+
+/// A DQT table in zigzag order as multipliers in natural order.
 pub(super) fn multipliers(zigzag: &[u16; 64]) -> [f32; 64] {
     let mut out = [0f32; 64];
     for (k, &q) in zigzag.iter().enumerate() {
-        let n = ZIGZAG[k] as usize;
-        out[n] = q as f32 * AAN[n / 8] * AAN[n % 8] / 8.0;
+        out[ZIGZAG[k] as usize] = q as f32;
     }
     out
 }
 
-type Lanes = [f32; 8];
-
-#[inline(always)]
-fn add(a: Lanes, b: Lanes) -> Lanes {
-    let mut o = a;
-    for i in 0..8 {
-        o[i] += b[i];
-    }
-    o
-}
-
-#[inline(always)]
-fn sub(a: Lanes, b: Lanes) -> Lanes {
-    let mut o = a;
-    for i in 0..8 {
-        o[i] -= b[i];
-    }
-    o
-}
-
-#[inline(always)]
-fn mul(a: Lanes, k: f32) -> Lanes {
-    let mut o = a;
-    for v in &mut o {
-        *v *= k;
-    }
-    o
-}
-
-/// One 1-D inverse DCT on each of eight lanes: `v[k]` holds coefficient `k`
-/// of every lane, and so does the result for sample `k`.
-#[inline(always)]
-fn idct8(v: &[Lanes; 8]) -> [Lanes; 8] {
-    // Even part.
-    let tmp10 = add(v[0], v[4]);
-    let tmp11 = sub(v[0], v[4]);
-    let tmp13 = add(v[2], v[6]);
-    let tmp12 = sub(mul(sub(v[2], v[6]), std::f32::consts::SQRT_2), tmp13);
-    let e0 = add(tmp10, tmp13);
-    let e3 = sub(tmp10, tmp13);
-    let e1 = add(tmp11, tmp12);
-    let e2 = sub(tmp11, tmp12);
-    // Odd part.
-    let z13 = add(v[5], v[3]);
-    let z10 = sub(v[5], v[3]);
-    let z11 = add(v[1], v[7]);
-    let z12 = sub(v[1], v[7]);
-    let o7 = add(z11, z13);
-    let t11 = mul(sub(z11, z13), std::f32::consts::SQRT_2);
-    let z5 = mul(add(z10, z12), 1.847_759);
-    let t10 = sub(mul(z12, 1.082_392_2), z5);
-    let t12 = add(mul(z10, -2.613_126), z5);
-    let o6 = sub(t12, o7);
-    let o5 = sub(t11, o6);
-    let o4 = add(t10, o5);
-    [
-        add(e0, o7),
-        add(e1, o6),
-        add(e2, o5),
-        sub(e3, o4),
-        add(e3, o4),
-        sub(e2, o5),
-        sub(e1, o6),
-        sub(e0, o7),
-    ]
-}
-
-#[inline(always)]
-fn transpose(m: &[Lanes; 8]) -> [Lanes; 8] {
-    let mut t = [[0f32; 8]; 8];
-    for r in 0..8 {
-        for c in 0..8 {
-            t[c][r] = m[r][c];
-        }
-    }
-    t
-}
-
 #[inline(always)]
 fn to_u8(v: f32) -> u8 {
-    // +128 level shift and clamp; adding 1.5 * 2^23 rounds to an integer
-    // held in the low mantissa bits, which (unlike `as u8`, a scalar
-    // saturating cast) vectorises.
-    ((v + 128.0).clamp(0.0, 255.0) + 12_582_912.0).to_bits() as u8
+    // Clamp, then adding 1.5 * 2^23 rounds to an integer held in the low
+    // mantissa bits, which (unlike `as u8`, a scalar saturating cast)
+    // vectorises.
+    (v.clamp(0.0, 255.0) + 12_582_912.0).to_bits() as u8
 }
 
 /// Inverse-transforms the quantized coefficients `coef` (natural order)
 /// with multipliers `q` into eight rows of eight samples at `out[0..]`,
-/// `stride` apart, then zeroes `coef` for the next block. `any_ac`: some
-/// coefficient other than DC is non-zero.
+/// `stride` apart, then zeroes `coef` for the next block. `last`: the
+/// zigzag position of the last non-zero coefficient (0: DC only).
 #[inline(always)]
 pub(super) fn block(
     coef: &mut [i16; 64],
     q: &[f32; 64],
-    any_ac: bool,
+    last: usize,
     out: &mut [u8],
     stride: usize,
 ) {
-    if !any_ac {
-        let v = to_u8(coef[0] as f32 * q[0]);
+    if last == 0 {
+        // BASIS[0][0]^2 = 1/8.
+        let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
         for row in out.chunks_mut(stride).take(8) {
             row[..8].fill(v);
         }
         coef[0] = 0;
         return;
     }
-    let mut rows = [[0f32; 8]; 8];
-    for r in 0..8 {
-        for c in 0..8 {
-            rows[r][c] = coef[r * 8 + c] as f32 * q[r * 8 + c];
+    let (rows, cols) = EXTENT[last.min(63)];
+    let (rows, cols) = (rows as usize, cols as usize);
+    // Columns: work[y][u] = sum over v of BASIS[v][y] * X[v][u].
+    let mut work = [[0f32; 8]; 8];
+    for v in 0..rows {
+        let mut x = [0f32; 8];
+        for u in 0..8 {
+            x[u] = coef[v * 8 + u] as f32 * q[v * 8 + u];
+        }
+        for (y, w) in work.iter_mut().enumerate() {
+            let b = BASIS[v][y];
+            for u in 0..8 {
+                w[u] += b * x[u];
+            }
         }
     }
-    // Columns first (lanes = columns), then rows (lanes = rows).
-    let cols = idct8(&rows);
-    let out_cols = idct8(&transpose(&cols));
-    let px = transpose(&out_cols);
-    for (row, v) in out.chunks_mut(stride).zip(px.iter()) {
+    // Rows: out[y][x] = 128 + sum over u of work[y][u] * BASIS[u][x].
+    for (w, row) in work.iter().zip(out.chunks_mut(stride)) {
+        let mut acc = [128f32; 8];
+        for u in 0..cols {
+            for x in 0..8 {
+                acc[x] += w[u] * BASIS[u][x];
+            }
+        }
         let mut bytes = [0u8; 8];
-        for i in 0..8 {
-            bytes[i] = to_u8(v[i]);
+        for x in 0..8 {
+            bytes[x] = to_u8(acc[x]);
         }
         row[..8].copy_from_slice(&bytes);
     }
-    *coef = [0; 64];
+    coef[..rows * 8].fill(0);
 }
 
 #[cfg(test)]
@@ -200,7 +229,7 @@ mod tests {
             }
             let want = reference(&exact);
             let mut out = [0u8; 8 * 11];
-            block(&mut coef, &q, true, &mut out, 11);
+            block(&mut coef, &q, 63, &mut out, 11);
             assert_eq!(coef, [0; 64], "coefficients are cleared");
             for y in 0..8 {
                 for x in 0..8 {
@@ -218,7 +247,7 @@ mod tests {
         let mut coef = [0i16; 64];
         coef[0] = 40; // 40 * 2 / 8 = +10
         let mut out = [0u8; 64];
-        block(&mut coef, &q, false, &mut out, 8);
+        block(&mut coef, &q, 0, &mut out, 8);
         assert!(out.iter().all(|&v| v == 138));
     }
 }

@@ -381,12 +381,12 @@ fn decode(
                 let stride = geometry[ci].0;
                 for by in 0..c.v {
                     for bx in 0..c.h {
-                        let any_ac = bits.block(dc, ac, &mut pred[si], &mut coef, inside)?;
+                        let last = bits.block(dc, ac, &mut pred[si], &mut coef, inside)?;
                         if inside {
                             let x = ((mcu_x - mcu_x0) * c.h + bx) * 8;
                             let y = ((mcu_y - mcu_y0) * c.v + by) * 8;
                             let plane = &mut scratch.planes[ci][y * stride + x..];
-                            idct::block(&mut coef, &quant[c.tq], any_ac, plane, stride);
+                            idct::block(&mut coef, &quant[c.tq], last, plane, stride);
                         }
                     }
                 }
