@@ -135,7 +135,7 @@ impl<'a> Bits<'a> {
 
     /// Tops the buffer up to at least 57 bits.
     #[inline(always)]
-    fn refill(&mut self) {
+    pub(super) fn refill(&mut self) {
         if !self.ended {
             if let Some(chunk) = self.data.get(self.pos..self.pos + 8) {
                 let mut word = [0u8; 8];
@@ -187,9 +187,33 @@ impl<'a> Bits<'a> {
         self.n -= k;
     }
 
+    /// Reads `size` bits (at most 16) as an unsigned value; needs that many
+    /// buffered bits.
+    #[inline(always)]
+    pub(super) fn bits(&mut self, size: u32) -> u32 {
+        if size == 0 {
+            return 0;
+        }
+        let v = (self.buf >> (64 - size)) as u32;
+        self.consume(size);
+        v
+    }
+
+    /// Bits buffered now: at least 57 after [`refill`](Self::refill).
+    #[inline(always)]
+    pub(super) fn buffered(&self) -> u32 {
+        self.n
+    }
+
+    /// Where the reader stands in the data: at or before the marker that
+    /// ends the scan.
+    pub(super) fn position(&self) -> usize {
+        self.pos
+    }
+
     /// Reads `size` bits (at most 16) as a sign-extended value.
     #[inline(always)]
-    fn receive_extend(&mut self, size: u32) -> i32 {
+    pub(super) fn receive_extend(&mut self, size: u32) -> i32 {
         if size == 0 {
             return 0;
         }
@@ -200,7 +224,7 @@ impl<'a> Bits<'a> {
 
     /// Decodes one symbol; needs at least 16 buffered bits.
     #[inline(always)]
-    fn symbol(&mut self, t: &Table) -> Option<u8> {
+    pub(super) fn symbol(&mut self, t: &Table) -> Option<u8> {
         let e = t.fast[(self.buf >> (64 - FAST_BITS)) as usize];
         if e != 0 {
             self.consume((e >> 8) as u32);

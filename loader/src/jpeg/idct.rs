@@ -128,29 +128,53 @@ fn to_u8(v: f32) -> u8 {
     (v.clamp(0.0, 255.0) + 12_582_912.0).to_bits() as u8
 }
 
+/// How many leading rows and columns of a block can be non-zero when the
+/// last non-zero coefficient is at zigzag position `last`.
+#[inline(always)]
+pub(super) fn extent(last: usize) -> (usize, usize) {
+    let (rows, cols) = EXTENT[last.min(63)];
+    (rows as usize, cols as usize)
+}
+
+/// How many leading rows and columns of `coef` hold its non-zero values
+/// (at least 1 and 1).
+#[inline(always)]
+pub(super) fn extent_of(coef: &[i16; 64]) -> (usize, usize) {
+    let (mut rows, mut mask) = (1, 0u8);
+    for (r, row) in coef.chunks_exact(8).enumerate() {
+        let mut m = 0u8;
+        for (c, &v) in row.iter().enumerate() {
+            m |= u8::from(v != 0) << c;
+        }
+        if m != 0 {
+            rows = r + 1;
+            mask |= m;
+        }
+    }
+    (rows, (8 - mask.leading_zeros() as usize).max(1))
+}
+
 /// Inverse-transforms the quantized coefficients `coef` (natural order)
 /// with multipliers `q` into eight rows of eight samples at `out[0..]`,
-/// `stride` apart, then zeroes `coef` for the next block. `last`: the
-/// zigzag position of the last non-zero coefficient (0: DC only).
+/// `stride` apart. Only the first `rows` rows and `cols` columns of `coef`
+/// may be non-zero.
 #[inline(always)]
 pub(super) fn block(
-    coef: &mut [i16; 64],
+    coef: &[i16; 64],
     q: &[f32; 64],
-    last: usize,
+    rows: usize,
+    cols: usize,
     out: &mut [u8],
     stride: usize,
 ) {
-    if last == 0 {
+    if rows == 1 && cols == 1 {
         // BASIS[0][0]^2 = 1/8.
         let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
         for row in out.chunks_mut(stride).take(8) {
             row[..8].fill(v);
         }
-        coef[0] = 0;
         return;
     }
-    let (rows, cols) = EXTENT[last.min(63)];
-    let (rows, cols) = (rows as usize, cols as usize);
     // Columns: work[y][u] = sum over v of BASIS[v][y] * X[v][u].
     let mut work = [[0f32; 8]; 8];
     for v in 0..rows {
@@ -179,7 +203,6 @@ pub(super) fn block(
         }
         row[..8].copy_from_slice(&bytes);
     }
-    coef[..rows * 8].fill(0);
 }
 
 #[cfg(test)]
@@ -229,8 +252,9 @@ mod tests {
             }
             let want = reference(&exact);
             let mut out = [0u8; 8 * 11];
-            block(&mut coef, &q, 63, &mut out, 11);
-            assert_eq!(coef, [0; 64], "coefficients are cleared");
+            let (rows, cols) = extent_of(&coef);
+            assert!(extent(63) == (8, 8) && rows <= 8 && cols <= 8);
+            block(&coef, &q, rows, cols, &mut out, 11);
             for y in 0..8 {
                 for x in 0..8 {
                     let w = want[y * 8 + x].round().clamp(0.0, 255.0);
@@ -247,7 +271,7 @@ mod tests {
         let mut coef = [0i16; 64];
         coef[0] = 40; // 40 * 2 / 8 = +10
         let mut out = [0u8; 64];
-        block(&mut coef, &q, 0, &mut out, 8);
+        block(&coef, &q, 1, 1, &mut out, 8);
         assert!(out.iter().all(|&v| v == 138));
     }
 }
