@@ -124,11 +124,13 @@ pub(super) fn ycbcr_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
             g[j] = (yy - ((G_CB * u + G_CR * v - HALF) >> 16)).clamp(0, 255) as u8;
             b[j] = (yy + ((B_CB * u + HALF) >> 16)).clamp(0, 255) as u8;
         }
-        for (j, px) in out[i * N * 3..][..N * 3].chunks_exact_mut(3).enumerate() {
-            px[0] = r[j];
-            px[1] = g[j];
-            px[2] = b[j];
+        let mut rgb = [0u8; N * 3];
+        for j in 0..N {
+            rgb[3 * j] = r[j];
+            rgb[3 * j + 1] = g[j];
+            rgb[3 * j + 2] = b[j];
         }
+        out[i * N * 3..][..N * 3].copy_from_slice(&rgb);
     }
     let k = chunks * N;
     convert(&y[k..], &cb[k..], &cr[k..], &mut out[k * 3..]);

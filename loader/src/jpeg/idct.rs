@@ -120,6 +120,34 @@ pub(super) fn multipliers(zigzag: &[u16; 64]) -> [f32; 64] {
     out
 }
 
+/// How the transform multiplies and adds: fused where the CPU has FMA (one
+/// instruction, one rounding), separately elsewhere (where `mul_add` would
+/// be a slow library call).
+pub(super) trait Madd {
+    /// `a * b + c`.
+    fn madd(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// `a * b + c` as two operations.
+pub(super) struct Separate;
+
+impl Madd for Separate {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// `a * b + c` as one fused multiply-add.
+pub(super) struct Fused;
+
+impl Madd for Fused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
 #[inline(always)]
 fn to_u8(v: f32) -> u8 {
     // Clamp, then adding 1.5 * 2^23 rounds to an integer held in the low
@@ -136,30 +164,12 @@ pub(super) fn extent(last: usize) -> (usize, usize) {
     (rows as usize, cols as usize)
 }
 
-/// How many leading rows and columns of `coef` hold its non-zero values
-/// (at least 1 and 1).
-#[inline(always)]
-pub(super) fn extent_of(coef: &[i16; 64]) -> (usize, usize) {
-    let (mut rows, mut mask) = (1, 0u8);
-    for (r, row) in coef.chunks_exact(8).enumerate() {
-        let mut m = 0u8;
-        for (c, &v) in row.iter().enumerate() {
-            m |= u8::from(v != 0) << c;
-        }
-        if m != 0 {
-            rows = r + 1;
-            mask |= m;
-        }
-    }
-    (rows, (8 - mask.leading_zeros() as usize).max(1))
-}
-
 /// Inverse-transforms the quantized coefficients `coef` (natural order)
 /// with multipliers `q` into eight rows of eight samples at `out[0..]`,
 /// `stride` apart. Only the first `rows` rows and `cols` columns of `coef`
 /// may be non-zero.
 #[inline(always)]
-pub(super) fn block(
+pub(super) fn block<M: Madd>(
     coef: &[i16; 64],
     q: &[f32; 64],
     rows: usize,
@@ -185,7 +195,7 @@ pub(super) fn block(
         for (y, w) in work.iter_mut().enumerate() {
             let b = BASIS[v][y];
             for u in 0..8 {
-                w[u] += b * x[u];
+                w[u] = M::madd(b, x[u], w[u]);
             }
         }
     }
@@ -194,7 +204,7 @@ pub(super) fn block(
         let mut acc = [128f32; 8];
         for u in 0..cols {
             for x in 0..8 {
-                acc[x] += w[u] * BASIS[u][x];
+                acc[x] = M::madd(w[u], BASIS[u][x], acc[x]);
             }
         }
         let mut bytes = [0u8; 8];
@@ -252,9 +262,16 @@ mod tests {
             }
             let want = reference(&exact);
             let mut out = [0u8; 8 * 11];
-            let (rows, cols) = extent_of(&coef);
-            assert!(extent(63) == (8, 8) && rows <= 8 && cols <= 8);
-            block(&coef, &q, rows, cols, &mut out, 11);
+            let last = (0..64)
+                .rev()
+                .find(|&k| coef[ZIGZAG[k] as usize] != 0)
+                .unwrap_or(0);
+            let (rows, cols) = extent(last);
+            assert_eq!(extent(63), (8, 8));
+            block::<Separate>(&coef, &q, rows, cols, &mut out, 11);
+            let mut fused = [0u8; 8 * 11];
+            block::<Fused>(&coef, &q, rows, cols, &mut fused, 11);
+            assert!(out.iter().zip(&fused).all(|(a, b)| a.abs_diff(*b) <= 1));
             for y in 0..8 {
                 for x in 0..8 {
                     let w = want[y * 8 + x].round().clamp(0.0, 255.0);
@@ -271,7 +288,7 @@ mod tests {
         let mut coef = [0i16; 64];
         coef[0] = 40; // 40 * 2 / 8 = +10
         let mut out = [0u8; 64];
-        block(&coef, &q, 1, 1, &mut out, 8);
+        block::<Separate>(&coef, &q, 1, 1, &mut out, 8);
         assert!(out.iter().all(|&v| v == 138));
     }
 }

@@ -52,8 +52,8 @@ pub(crate) struct Scratch {
     tables: Box<[Table; 8]>,
     /// Decoded samples of each component inside the window (plus margin).
     planes: [Vec<u8>; 3],
-    /// Progressive JPEGs: each component's coefficients, block rows down to
-    /// the window's last.
+    /// Progressive JPEGs: each component's coefficients (zigzag order),
+    /// block rows down to the window's last.
     coefs: [Vec<i16>; 3],
     /// Upsampled rows of each component, and the upsampler's sums.
     rows: [Vec<u8>; 3],
@@ -145,11 +145,16 @@ pub(crate) fn decode_window(
         // all three (detected just above).
         return unsafe { decode_avx2(bytes, scratch, out, choose) };
     }
-    decode(bytes, scratch, out, choose)
+    // Every aarch64 CPU has FMA.
+    #[cfg(target_arch = "aarch64")]
+    return decode::<idct::Fused>(bytes, scratch, out, choose);
+    #[cfg(not(target_arch = "aarch64"))]
+    decode::<idct::Separate>(bytes, scratch, out, choose)
 }
 
 /// [`decode`] compiled for AVX2 (wider IDCT, colour conversion and
-/// upsampling) and BMI2 (cheaper variable shifts in the bit reader).
+/// upsampling), FMA (the IDCT's multiply-adds) and BMI2 (cheaper variable
+/// shifts in the bit reader).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi2,fma")]
 fn decode_avx2(
@@ -158,11 +163,11 @@ fn decode_avx2(
     out: &mut Vec<u8>,
     choose: impl FnOnce(usize, usize) -> Window,
 ) -> Option<Window> {
-    decode(bytes, scratch, out, choose)
+    decode::<idct::Fused>(bytes, scratch, out, choose)
 }
 
 #[inline(always)]
-fn decode(
+fn decode<M: idct::Madd>(
     bytes: &[u8],
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
@@ -192,9 +197,9 @@ fn decode(
         }
     }
     if h.progressive {
-        progressive(bytes, pos, first, &mut h, scratch, &g)?;
+        progressive::<M>(bytes, pos, first, &mut h, scratch, &g)?;
     } else {
-        baseline(bytes.get(pos..)?, &first, &h, scratch, &g)?;
+        baseline::<M>(bytes.get(pos..)?, &first, &h, scratch, &g)?;
     }
     colour(&h, &g, win, scratch, out);
     Some(win)
@@ -203,7 +208,13 @@ fn decode(
 /// The one scan of a baseline JPEG, down to the window's last MCU row;
 /// only blocks inside the window are inverse-transformed.
 #[inline(always)]
-fn baseline(data: &[u8], scan: &Scan, h: &Header, s: &mut Scratch, g: &Geometry) -> Option<()> {
+fn baseline<M: idct::Madd>(
+    data: &[u8],
+    scan: &Scan,
+    h: &Header,
+    s: &mut Scratch,
+    g: &Geometry,
+) -> Option<()> {
     let quant: [[f32; 64]; 4] = std::array::from_fn(|i| idct::multipliers(&h.quant[i]));
     let tables = &s.tables;
     let mut bits = Bits::new(data);
@@ -235,7 +246,7 @@ fn baseline(data: &[u8], scan: &Scan, h: &Header, s: &mut Scratch, g: &Geometry)
                             let y = ((mcu_y - g.mcu_y0) * c.v + by) * 8;
                             let plane = &mut s.planes[ci][y * stride + x..];
                             let (rows, cols) = idct::extent(last);
-                            idct::block(&coef, &quant[c.tq], rows, cols, plane, stride);
+                            idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
                             coef[..rows * 8].fill(0);
                         }
                     }
@@ -249,7 +260,7 @@ fn baseline(data: &[u8], scan: &Scan, h: &Header, s: &mut Scratch, g: &Geometry)
 /// Every scan of a progressive JPEG, each down to the window's last MCU
 /// row, then the inverse transform of the window's blocks.
 #[inline(always)]
-fn progressive(
+fn progressive<M: idct::Madd>(
     bytes: &[u8],
     mut pos: usize,
     first: Scan,
@@ -278,12 +289,17 @@ fn progressive(
         for by in g.mcu_y0 * c.v..g.mcu_y1 * c.v {
             for bx in g.mcu_x0 * c.h..g.mcu_x1 * c.h {
                 let at = (by * blocks_x + bx) * 64;
-                let coef: &[i16; 64] = s.coefs[ci].get(at..at + 64)?.try_into().ok()?;
-                let (rows, cols) = idct::extent_of(coef);
+                let zigzag = s.coefs[ci].get(at..at + 64)?;
+                let last = zigzag.iter().rposition(|&v| v != 0).unwrap_or(0);
+                let mut coef = [0i16; 64];
+                for (&n, &v) in huffman::ZIGZAG.iter().zip(&zigzag[..=last]) {
+                    coef[n as usize] = v;
+                }
+                let (rows, cols) = idct::extent(last);
                 let x = (bx - g.mcu_x0 * c.h) * 8;
                 let y = (by - g.mcu_y0 * c.v) * 8;
                 let plane = &mut s.planes[ci][y * stride + x..];
-                idct::block(coef, &quant[c.tq], rows, cols, plane, stride);
+                idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
             }
         }
     }
@@ -299,7 +315,6 @@ fn progressive_scan(
     s: &mut Scratch,
     g: &Geometry,
 ) -> Option<()> {
-    let (ss, se, ah, al) = (scan.ss, scan.se, scan.ah, scan.al);
     let tables = &s.tables;
     let mut state = progressive::State::default();
     let mut left = h.restart;
@@ -316,19 +331,6 @@ fn progressive_scan(
         }
         Some(())
     };
-    let one = |bits: &mut Bits, state: &mut progressive::State, si: usize, coef: &mut [i16; 64]| {
-        let c = &h.comps[scan.order[si]];
-        let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
-        match (ss == 0, ah == 0) {
-            (true, true) => bits.dc_first(dc, &mut state.pred[si], &mut coef[0], al),
-            (true, false) => {
-                bits.dc_refine(&mut coef[0], al);
-                Some(())
-            }
-            (false, true) => bits.ac_first(ac, coef, (ss, se, al), &mut state.eobrun),
-            (false, false) => bits.ac_refine(ac, coef, (ss, se, al), &mut state.eobrun),
-        }
-    };
     if scan.ns > 1 {
         // Interleaved (DC only): MCUs as in a baseline scan.
         for mcu_y in 0..g.mcu_y1 {
@@ -341,7 +343,7 @@ fn progressive_scan(
                         for bx in 0..c.h {
                             let (x, y) = (mcu_x * c.h + bx, mcu_y * c.v + by);
                             let coef = block(&mut s.coefs[ci], g.mcus_x * c.h, x, y)?;
-                            one(bits, &mut state, si, coef)?;
+                            scan_block(bits, scan, h, tables, &mut state, si, coef)?;
                         }
                     }
                 }
@@ -360,11 +362,37 @@ fn progressive_scan(
             for x in 0..cols {
                 restart(bits, &mut state)?;
                 let coef = block(&mut s.coefs[ci], g.mcus_x * c.h, x, y)?;
-                one(bits, &mut state, 0, coef)?;
+                scan_block(bits, scan, h, tables, &mut state, 0, coef)?;
             }
         }
     }
     bits.intact().then_some(())
+}
+
+/// One block's part of a progressive scan; `si`: the component's place in
+/// the scan.
+#[inline(always)]
+fn scan_block(
+    bits: &mut Bits,
+    scan: &Scan,
+    h: &Header,
+    tables: &[Table; 8],
+    state: &mut progressive::State,
+    si: usize,
+    coef: &mut [i16; 64],
+) -> Option<()> {
+    let (ss, se, al) = (scan.ss, scan.se, scan.al);
+    let c = &h.comps[scan.order[si]];
+    let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
+    match (ss == 0, scan.ah == 0) {
+        (true, true) => bits.dc_first(dc, &mut state.pred[si], &mut coef[0], al),
+        (true, false) => {
+            bits.dc_refine(&mut coef[0], al);
+            Some(())
+        }
+        (false, true) => bits.ac_first(ac, coef, (ss, se, al), &mut state.eobrun),
+        (false, false) => bits.ac_refine(ac, coef, (ss, se, al), &mut state.eobrun),
+    }
 }
 
 /// Block `(bx, by)` of a component whose block rows are `blocks_x` long.
