@@ -13,7 +13,7 @@ out = subprocess.run([wick, "bench", root, "--output", output, "--batch-size", "
                      check=True, capture_output=True, text=True).stdout
 r = json.loads(out)
 rates = r["epoch_images_per_sec"]
-decoder = "turbojpeg" if "turbo" in r["jpeg_decoder"] else "zune-jpeg"
+decoder = "turbojpeg" if "turbo" in r["jpeg_decoder"] else "pure Rust"
 print(json.dumps({"peer": f"wick, {decoder} ({r['workers']} workers)", "output": output,
                   "images_per_sec": max(rates[1:] or rates),
                   "passes": [round(x) for x in rates],

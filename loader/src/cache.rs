@@ -19,10 +19,11 @@ pub enum CacheMode {
     /// remote storage), costs the file size.
     Encoded,
     /// The decoded RGB pixels, before any augmentation: saves the read and
-    /// the decode, costs `width * height * 3` bytes per sample. With the
-    /// `turbojpeg` feature, cached JPEGs are decoded whole (the uncached path
-    /// decodes only the crop window), so pixels differ within decoder
-    /// rounding from an uncached run; otherwise batches are bit-identical.
+    /// the decode, costs `width * height * 3` bytes per sample. Batches are
+    /// bit-identical to an uncached run (which decodes JPEGs crop-window
+    /// only, resampling through the same window), except with the
+    /// `turbojpeg` feature: libjpeg-turbo's crop-window decode differs from
+    /// the cached full decode within decoder rounding.
     Decoded,
 }
 

@@ -1,9 +1,11 @@
 //! Encoded bytes to RGB8 pixels in a reused buffer, with limits against
 //! hostile files.
 //!
-//! JPEG (nearly every training image) goes straight to zune-jpeg, the
-//! decoder inside the `image` crate, decoding into the caller's buffer: no
-//! copy of the input and no output allocation per image. Other formats go
+//! JPEG (nearly every training image) goes to wick's own decoder
+//! ([`crate::jpeg`], per-thread tables and planes, nothing allocated per
+//! image), and what it does not take (arithmetic coding, CMYK, damage) to
+//! zune-jpeg, the decoder inside the `image` crate, which decodes or names
+//! the error; both write into the caller's buffer. Other formats go
 //! through `image` and are converted to RGB.
 
 use crate::error::{Error, Result};
@@ -13,6 +15,15 @@ use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::zune_core::colorspace::ColorSpace;
 use zune_jpeg::zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
+
+/// Which decoder takes JPEGs in the fused decode+transform path: wick's own
+/// crop-window decoder by default, libjpeg-turbo with the `turbojpeg`
+/// feature (zune-jpeg behind either for what they decline).
+pub const JPEG_DECODER: &str = if cfg!(feature = "turbojpeg") {
+    "libjpeg-turbo (crop window, DCT scaling)"
+} else {
+    "wick window decoder (pure Rust, crop window)"
+};
 
 /// Largest width or height a sample may declare.
 pub(crate) const MAX_SIDE: u32 = 32_768;
@@ -55,7 +66,26 @@ fn jpeg_error(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> E
     decode_error(key, image::ImageError::Decoding(source))
 }
 
+thread_local! {
+    static JPEG: std::cell::RefCell<crate::jpeg::Scratch> = Default::default();
+}
+
 fn decode_jpeg(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+    let whole = |w, h| crate::jpeg::Window {
+        x0: 0,
+        y0: 0,
+        x1: w,
+        y1: h,
+    };
+    let own = JPEG.with(|s| crate::jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole));
+    if let Some(win) = own {
+        return Ok((win.width(), win.height()));
+    }
+    zune(key, bytes, out)
+}
+
+/// Decodes with zune-jpeg.
+pub(crate) fn zune(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_strict_mode(false)

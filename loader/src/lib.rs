@@ -88,7 +88,7 @@ mod transform;
 pub use autotune::{TuneStep, AUTOTUNE};
 pub use cache::CacheMode;
 pub use convert::{convert, ConvertOptions, ShardFormat};
-pub use decode::decode_rgb_into;
+pub use decode::{decode_rgb_into, JPEG_DECODER};
 pub use error::{Error, Result};
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, NormalizeAt, Skipped};
 pub use sampler::Sampler;

@@ -337,11 +337,7 @@ fn bench_with(
     let (in_flight, prefetch) = loader.queue_depths();
     Ok(Report {
         data: a.data.display().to_string(),
-        jpeg_decoder: if cfg!(feature = "turbojpeg") {
-            "libjpeg-turbo (crop window, DCT scaling)"
-        } else {
-            "zune-jpeg (pure Rust, full image)"
-        },
+        jpeg_decoder: candle_wick::JPEG_DECODER,
         samples,
         batch_size: a.batch_size,
         image_size: a.image_size,

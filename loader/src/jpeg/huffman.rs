@@ -7,7 +7,7 @@
 //! when none of them is 0xFF (no byte stuffing or marker to handle).
 
 /// Bits looked up at once; longer codes take the slow path.
-const FAST_BITS: u32 = 10;
+const FAST_BITS: u32 = 9;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
 /// Natural (row-major) index of the coefficient at each zigzag position.

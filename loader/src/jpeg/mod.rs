@@ -446,7 +446,6 @@ fn colour(h: &Header, g: &Geometry, win: Window, s: &mut Scratch, out: &mut Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::decode_rgb_into;
     use image::codecs::jpeg::JpegEncoder;
     use image::{ExtendedColorType, ImageEncoder};
 
@@ -483,7 +482,7 @@ mod tests {
     /// Max and mean absolute difference of `win` against zune-jpeg's full decode.
     fn against_zune(jpeg: &[u8], win: Window) -> (u8, f64) {
         let mut zune = Vec::new();
-        let (w, _) = decode_rgb_into("t", jpeg, &mut zune).unwrap();
+        let (w, _) = crate::decode::zune("t", jpeg, &mut zune).unwrap();
         let mut ours = Vec::new();
         let got = decode_window(jpeg, &mut Scratch::default(), &mut ours, |_, _| win).unwrap();
         assert_eq!(got, win);
