@@ -47,4 +47,5 @@ for output in u8 f32; do
     "$py" dali_cpu.py "$data" "$output" 2>/dev/null | tee -a "$out" >&2
   fi
 done
+"$py" tf_data.py "$data" decode 2>/dev/null | tee -a "$out" >&2
 "$py" table.py "$out"

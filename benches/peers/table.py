@@ -17,3 +17,9 @@ for r in sorted(rows, key=lambda r: (r["output"], -r["images_per_sec"])):
     print(f"| {r['peer']} | {r['output']} | {r['images_per_sec']:.0f} | {ratio} | {r['peak_rss_mb']} |")
 for o, (v, name) in sorted(best.items()):
     print(f"best peer {o}: {name} {v:.0f} images/s")
+decode = best.get("decode", (0, ""))[0]
+if decode:
+    for r in rows:
+        if r["peer"].startswith("wick") and r["output"] == "u8":
+            print(f"stretch: {r['peer']} u8 RRC at {r['images_per_sec'] / decode:.2f}x "
+                  f"the decode-only rate of {best['decode'][1]}")

@@ -2,6 +2,10 @@
 decode_and_crop_jpeg, which decodes only the crop window) + flip, batch 64.
 
 usage: python tf_data.py DATA_DIR u8|f32 [fixed|autotune]
+       python tf_data.py DATA_DIR decode
+The `decode` mode decodes every full image (libjpeg-turbo inside
+tf.io.decode_image) with no transform, 2 parallel calls: the decode-only
+rate the RRC pipelines are held against.
 """
 import os
 import sys
@@ -53,8 +57,26 @@ def build(root, output, parallel):
     return ds
 
 
+def decode_only(root):
+    paths = [p for p, _ in files(root)]
+
+    def load(path):
+        img = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        # A reduction over the pixels, so nothing can skip the decode; the
+        # scalars batch although the images differ in size.
+        return tf.reduce_max(img)
+
+    ds = tf.data.Dataset.from_tensor_slices(paths).map(load, num_parallel_calls=2)
+    return ds.batch(BATCH).prefetch(2)
+
+
 def main():
     root, output = sys.argv[1], sys.argv[2]
+    if output == "decode":
+        ds = decode_only(root)
+        rates = timed_epochs(lambda _: (int(b.shape[0]) for b in ds))
+        report("tf.data decode only (full images, no transform, 2 parallel calls)", "decode", rates)
+        return
     parallel = sys.argv[3] if len(sys.argv) > 3 else "fixed"
     ds = build(root, output, parallel)
 
