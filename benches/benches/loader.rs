@@ -85,6 +85,37 @@ fn bench_loader(c: &mut Criterion) {
             epoch += 1;
         })
     });
+    // The same, but written into fresh batch buffers (64 samples each, as a
+    // loader that hands every batch over as a tensor must): the cost of
+    // first-touching new memory, which the loop above (one reused slot per
+    // thread) never pays.
+    let mut epoch = 0;
+    let slot_len = transform.slot_len();
+    group.bench_function("bare_par_iter_into_batches", |b| {
+        b.iter(|| {
+            let mut batches: Vec<Vec<u8>> = (0..source.len().div_ceil(64))
+                .map(|k| vec![0u8; (source.len() - k * 64).min(64) * slot_len])
+                .collect();
+            bare.install(|| {
+                batches
+                    .par_iter_mut()
+                    .enumerate()
+                    .flat_map(|(k, b)| {
+                        b.par_chunks_mut(slot_len)
+                            .enumerate()
+                            .map(move |(j, s)| (k * 64 + j, s))
+                    })
+                    .for_each(|(i, slot)| {
+                        let r = source.read(i).expect("read");
+                        transform
+                            .apply(&r.key, &r.bytes, epoch, i, Slot::U8(slot))
+                            .expect("transform");
+                    })
+            });
+            epoch += 1;
+            batches
+        })
+    });
     group.finish();
 }
 

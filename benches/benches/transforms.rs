@@ -1,5 +1,6 @@
-//! Per-stage costs on 64 ImageNet-like JPEGs (~400x350, q90): decode alone,
-//! each transform on decoded pixels, and the fused decode+transform path.
+//! Per-stage costs on 64 ImageNet-like JPEGs (~400x350, q90): decode alone
+//! (wick's decoder and zune-jpeg), each transform on decoded pixels, and the
+//! fused decode+transform path (which decodes only the crop window).
 
 use candle_wick::{decode_rgb_into, ImageTransform, Output, Slot, Transforms};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -37,6 +38,22 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for j in &jpegs {
                 decode_rgb_into("bench", j, &mut buf).expect("decode");
+            }
+        })
+    });
+    // The same full decodes with zune-jpeg (image's decoder), which wick's
+    // own decoder replaced for JPEGs.
+    group.bench_function("decode_jpeg_zune", |b| {
+        use zune_jpeg::zune_core::options::DecoderOptions;
+        use zune_jpeg::zune_core::{bytestream::ZCursor, colorspace::ColorSpace};
+        b.iter(|| {
+            for j in &jpegs {
+                let options = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
+                let mut d = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(&j[..]), options);
+                d.decode_headers().expect("headers");
+                let size = d.output_buffer_size().expect("size");
+                buf.resize(size, 0);
+                d.decode_into(&mut buf[..size]).expect("zune decode");
             }
         })
     });
