@@ -135,7 +135,7 @@ impl<'a> Bits<'a> {
 
     /// Tops the buffer up to at least 57 bits.
     #[inline(always)]
-    pub(super) fn refill(&mut self) {
+    fn refill(&mut self) {
         if !self.ended {
             if let Some(chunk) = self.data.get(self.pos..self.pos + 8) {
                 let mut word = [0u8; 8];
@@ -199,12 +199,6 @@ impl<'a> Bits<'a> {
         v
     }
 
-    /// Bits buffered now: at least 57 after [`refill`](Self::refill).
-    #[inline(always)]
-    pub(super) fn buffered(&self) -> u32 {
-        self.n
-    }
-
     /// Where the reader stands in the data: at or before the marker that
     /// ends the scan.
     pub(super) fn position(&self) -> usize {
@@ -214,12 +208,16 @@ impl<'a> Bits<'a> {
     /// Reads `size` bits (at most 16) as a sign-extended value.
     #[inline(always)]
     pub(super) fn receive_extend(&mut self, size: u32) -> i32 {
-        if size == 0 {
-            return 0;
+        extend(self.bits(size) as i32, size)
+    }
+
+    /// Refills when fewer than 32 bits are buffered: enough for one symbol
+    /// and its value bits.
+    #[inline(always)]
+    pub(super) fn ensure(&mut self) {
+        if self.n < 32 {
+            self.refill();
         }
-        let v = (self.buf >> (64 - size)) as i32;
-        self.consume(size);
-        extend(v, size)
     }
 
     /// Decodes one symbol; needs at least 16 buffered bits.
@@ -287,9 +285,7 @@ impl<'a> Bits<'a> {
         coef: &mut [i16; 64],
         store: bool,
     ) -> Option<usize> {
-        if self.n < 32 {
-            self.refill();
-        }
+        self.ensure();
         let size = self.symbol(dc)? as u32;
         if size > 15 {
             return None;
@@ -300,9 +296,7 @@ impl<'a> Bits<'a> {
         let mut last = 0;
         let mut k = 1usize;
         while k < 64 {
-            if self.n < 32 {
-                self.refill();
-            }
+            self.ensure();
             let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
             if f != 0 {
                 k += ((f >> 8) & 0xFF) as usize;

@@ -17,13 +17,6 @@ fn shifted(v: i32, al: u32) -> i16 {
 }
 
 impl Bits<'_> {
-    #[inline(always)]
-    fn ensure(&mut self) {
-        if self.buffered() < 32 {
-            self.refill();
-        }
-    }
-
     /// DC first scan: the difference to the predictor, shifted up by `al`.
     #[inline(always)]
     pub(super) fn dc_first(
