@@ -528,19 +528,28 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let win = Window {
-                x0: win.0,
-                y0: win.1,
-                x1: win.2,
-                y1: win.3,
-            };
-            let mut part = vec![7u8; 3];
-            decode_window(&jpeg, &mut scratch, &mut part, |_, _| win).unwrap();
-            for y in 0..win.height() {
-                let got = &part[y * win.width() * 3..(y + 1) * win.width() * 3];
-                let start = ((win.y0 + y) * w + win.x0) * 3;
-                assert_eq!(got, &all[start..start + got.len()], "window {i}, row {y}");
-            }
+            let label = format!("window {i}");
+            assert_window_is_part_of(&jpeg, &mut scratch, &all, w, win, &label);
+        }
+    }
+
+    /// Decodes window `(x0, y0, x1, y1)` of `jpeg` and checks each row
+    /// against the same pixels of `all`, the full decode (`w` wide).
+    fn assert_window_is_part_of(
+        jpeg: &[u8],
+        scratch: &mut Scratch,
+        all: &[u8],
+        w: usize,
+        (x0, y0, x1, y1): (usize, usize, usize, usize),
+        label: &str,
+    ) {
+        let win = Window { x0, y0, x1, y1 };
+        let mut part = vec![7u8; 3];
+        decode_window(jpeg, scratch, &mut part, |_, _| win).unwrap();
+        for y in 0..win.height() {
+            let got = &part[y * win.width() * 3..(y + 1) * win.width() * 3];
+            let start = ((win.y0 + y) * w + win.x0) * 3;
+            assert_eq!(got, &all[start..start + got.len()], "{label}, row {y}");
         }
     }
 
@@ -593,23 +602,8 @@ mod tests {
             let mean = diffs.iter().map(|&d| d as f64).sum::<f64>() / diffs.len() as f64;
             assert!(max <= 4 && mean < 0.6, "{name}: max {max} mean {mean}");
             for win in [(0, 0, 9, 7), (13, 9, 40, 30), (30, 20, 61, 43)] {
-                let win = Window {
-                    x0: win.0,
-                    y0: win.1,
-                    x1: win.2,
-                    y1: win.3,
-                };
-                let mut part = Vec::new();
-                decode_window(&jpeg, &mut scratch, &mut part, |_, _| win).unwrap();
-                for y in 0..win.height() {
-                    let got = &part[y * win.width() * 3..(y + 1) * win.width() * 3];
-                    let start = ((win.y0 + y) * w + win.x0) * 3;
-                    assert_eq!(
-                        got,
-                        &all[start..start + got.len()],
-                        "{name} {win:?} row {y}"
-                    );
-                }
+                let label = format!("{name} {win:?}");
+                assert_window_is_part_of(&jpeg, &mut scratch, &all, w, win, &label);
             }
         }
     }
