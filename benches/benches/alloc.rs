@@ -64,7 +64,8 @@ fn main() {
     decode_pass();
     let ((), allocs, bytes) = count(decode_pass);
     println!(
-        "decode alone (zune-jpeg): {:.2} allocations/sample, {:.0} bytes/sample",
+        "decode alone ({}): {:.2} allocations/sample, {:.0} bytes/sample",
+        candle_wick::JPEG_DECODER,
         allocs as f64 / n,
         bytes as f64 / n
     );

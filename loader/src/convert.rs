@@ -3,9 +3,9 @@
 
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
+use crate::resize::{Crop, Resampler, View};
 use crate::source::{SafetensorsWriter, Source, TfRecordWriter, WebDatasetWriter};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
-use fast_image_resize as fr;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -228,7 +228,7 @@ fn prepare(
         rgb.truncate(w * h * 3);
         rgb
     } else {
-        resize(&rec.key, &mut rgb[..w * h * 3], (w, h), (nw, nh))?
+        resize(&rec.key, &rgb[..w * h * 3], (w, h), (nw, nh))?
     };
     let mut jpeg = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, opts.quality)
@@ -249,27 +249,28 @@ fn prepare(
     })
 }
 
-/// Resizes packed RGB8 pixels, bilinear with antialiasing.
+/// Resizes a whole `w x h` packed RGB8 image to `nw x nh`, antialiased
+/// bilinear (the loader's resampler).
 fn resize(
     key: &str,
-    rgb: &mut [u8],
+    rgb: &[u8],
     (w, h): (usize, usize),
     (nw, nh): (usize, usize),
 ) -> Result<Vec<u8>> {
-    let err = |e: String| Error::Transform {
-        key: key.into(),
-        reason: format!("resize failed: {e}"),
+    let src = View::whole(rgb, w, h);
+    if nw == 0 || nh == 0 || !src.fits() {
+        return Err(Error::Transform {
+            key: key.into(),
+            reason: format!("cannot resize {} bytes as {w}x{h} to {nw}x{nh}", rgb.len()),
+        });
+    }
+    let whole = Crop {
+        left: 0.0,
+        top: 0.0,
+        width: w as f64,
+        height: h as f64,
     };
-    let src = fr::images::Image::from_slice_u8(w as u32, h as u32, rgb, fr::PixelType::U8x3)
-        .map_err(|e| err(e.to_string()))?;
-    let mut dst = fr::images::Image::new(nw as u32, nh as u32, fr::PixelType::U8x3);
-    fr::Resizer::new()
-        .resize(
-            &src,
-            &mut dst,
-            &fr::ResizeOptions::new()
-                .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear)),
-        )
-        .map_err(|e| err(e.to_string()))?;
-    Ok(dst.into_vec())
+    let mut out = vec![0; nw * nh * 3];
+    Resampler::default().resize(&src, whole, (nw, nh), false, &mut out);
+    Ok(out)
 }

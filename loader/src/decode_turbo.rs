@@ -9,7 +9,7 @@
 //! which gives the error that names the file.
 
 use crate::decode::MAX_ALLOC;
-use crate::transform::Crop;
+use crate::resize::Crop;
 use std::cell::RefCell;
 use turbojpeg_sys as tj;
 

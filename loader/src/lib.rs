@@ -77,6 +77,7 @@ mod error;
 mod jpeg;
 mod pipeline;
 mod pool;
+mod resize;
 mod rng;
 mod sampler;
 mod source;

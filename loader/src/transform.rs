@@ -2,9 +2,8 @@
 
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
+use crate::resize::{Crop, Resampler, View};
 use crate::rng::{keyed_rng, Purpose};
-use fast_image_resize::images::{CroppedImage, Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rand::Rng;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -104,41 +103,6 @@ pub struct SampleTimes {
     pub decoded_bytes: u64,
 }
 
-/// A crop window in source pixels (fractional for the eval path).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Crop {
-    pub(crate) left: f64,
-    pub(crate) top: f64,
-    pub(crate) width: f64,
-    pub(crate) height: f64,
-}
-
-/// Decoded pixels to resample from: a `width x height` packed RGB image of
-/// which the `view` rectangle is read.
-struct Pixels<'a> {
-    rgb: &'a [u8],
-    width: usize,
-    height: usize,
-    view: crate::jpeg::Window,
-}
-
-impl<'a> Pixels<'a> {
-    fn whole(rgb: &'a [u8], width: usize, height: usize) -> Self {
-        let view = crate::jpeg::Window {
-            x0: 0,
-            y0: 0,
-            x1: width,
-            y1: height,
-        };
-        Pixels {
-            rgb,
-            width,
-            height,
-            view,
-        }
-    }
-}
-
 /// `crop` relative to the window `win` holding it; one expression for every
 /// path, so a window decode and a full decode resample alike.
 fn relative(crop: Crop, win: &crate::jpeg::Window) -> Crop {
@@ -170,7 +134,7 @@ pub struct ImageTransform {
 /// Per-thread buffers reused across samples, so steady-state work allocates
 /// nothing of its own.
 struct Scratch {
-    resizer: Resizer,
+    resampler: Resampler,
     /// The decoded image.
     decoded: Vec<u8>,
     /// The resized image, for outputs that are not written by the resizer.
@@ -184,7 +148,11 @@ impl Scratch {
     fn account(&self) {
         use crate::autotune::{SCRATCH_BYTES, SCRATCH_MAX};
         use std::sync::atomic::Ordering::Relaxed;
-        let bytes = (self.decoded.capacity() + self.resized.capacity() + self.jpeg.bytes()) as u64;
+        let bytes = self.decoded.capacity()
+            + self.resized.capacity()
+            + self.jpeg.bytes()
+            + self.resampler.bytes();
+        let bytes = bytes as u64;
         REPORTED.with(|r| {
             let old = r.replace(bytes);
             if bytes > old {
@@ -199,7 +167,7 @@ thread_local! {
     /// The scratch bytes this thread last reported.
     static REPORTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
-        resizer: Resizer::new(),
+        resampler: Resampler::default(),
         decoded: Vec::new(),
         resized: Vec::new(),
         jpeg: crate::jpeg::Scratch::default(),
@@ -309,7 +277,7 @@ impl ImageTransform {
         slot: Slot<'_>,
     ) -> Result<SampleTimes> {
         let Scratch {
-            resizer,
+            resampler,
             decoded,
             resized,
             jpeg,
@@ -322,8 +290,8 @@ impl ImageTransform {
                 crate::decode_turbo::decode_region(bytes, decoded, self.size_wh(), params)
             {
                 let t1 = Instant::now();
-                let src = Pixels::whole(decoded, r.width, r.height);
-                self.resample(resizer, resized, key, src, r.crop, r.flip, slot)?;
+                let src = View::whole(decoded, r.width, r.height);
+                self.resample(resampler, resized, key, src, r.crop, r.flip, slot)?;
                 return Ok(SampleTimes {
                     decode: t1 - t0,
                     transform: t1.elapsed(),
@@ -342,9 +310,9 @@ impl ImageTransform {
                 if let Some((crop, flip)) = picked {
                     let t1 = Instant::now();
                     let (rw, rh) = (win.width(), win.height());
-                    let src = Pixels::whole(decoded, rw, rh);
+                    let src = View::whole(decoded, rw, rh);
                     let crop = relative(crop, &win);
-                    self.resample(resizer, resized, key, src, crop, flip, slot)?;
+                    self.resample(resampler, resized, key, src, crop, flip, slot)?;
                     return Ok(SampleTimes {
                         decode: t1 - t0,
                         transform: t1.elapsed(),
@@ -356,7 +324,7 @@ impl ImageTransform {
         let (iw, ih) = decode_rgb_into(key, bytes, decoded)?;
         let t1 = Instant::now();
         self.resample_full(
-            resizer,
+            resampler,
             resized,
             key,
             decoded,
@@ -395,10 +363,10 @@ impl ImageTransform {
         }
         SCRATCH.with(|cell| {
             let Scratch {
-                resizer, resized, ..
+                resampler, resized, ..
             } = &mut *cell.borrow_mut();
             let wh = (width, height);
-            self.resample_full(resizer, resized, key, rgb, wh, (epoch, index), slot)
+            self.resample_full(resampler, resized, key, rgb, wh, (epoch, index), slot)
         })
     }
 
@@ -408,7 +376,7 @@ impl ImageTransform {
     #[allow(clippy::too_many_arguments)]
     fn resample_full(
         &self,
-        resizer: &mut Resizer,
+        resampler: &mut Resampler,
         resized: &mut Vec<u8>,
         key: &str,
         rgb: &[u8],
@@ -417,22 +385,16 @@ impl ImageTransform {
         slot: Slot<'_>,
     ) -> Result<()> {
         let (crop, flip) = self.params(width, height, epoch, index);
-        let view = self.window(crop, width, height);
-        let src = Pixels {
-            rgb,
-            width,
-            height,
-            view,
+        let win = self.window(crop, width, height);
+        let src = View {
+            x0: win.x0,
+            y0: win.y0,
+            width: win.width(),
+            height: win.height(),
+            ..View::whole(rgb, width, height)
         };
-        self.resample(
-            resizer,
-            resized,
-            key,
-            src,
-            relative(crop, &view),
-            flip,
-            slot,
-        )
+        let crop = relative(crop, &win);
+        self.resample(resampler, resized, key, src, crop, flip, slot)
     }
 
     /// The pixels a resize of `crop` reads in a `w x h` image: the crop
@@ -459,20 +421,18 @@ impl ImageTransform {
         (self.width, self.height)
     }
 
-    /// Crops `crop` (relative to `src.view`) out of the pixels, resizes,
-    /// flips and writes.
+    /// Resizes `crop` (relative to the window of `src`), flips and writes.
     #[allow(clippy::too_many_arguments)]
     fn resample(
         &self,
-        resizer: &mut Resizer,
+        resampler: &mut Resampler,
         resized: &mut Vec<u8>,
         key: &str,
-        src: Pixels<'_>,
+        src: View<'_>,
         crop: Crop,
         flip: bool,
         slot: Slot<'_>,
     ) -> Result<()> {
-        let (iw, ih, view) = (src.width, src.height, src.view);
         let len = match &slot {
             Slot::U8(s) => s.len(),
             Slot::F32(s) => s.len(),
@@ -491,52 +451,37 @@ impl ImageTransform {
                 ),
             });
         }
+        if !src.fits() {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "{} bytes do not hold the {}x{} window at ({}, {})",
+                    src.rgb.len(),
+                    src.width,
+                    src.height,
+                    src.x0,
+                    src.y0
+                ),
+            });
+        }
         let (ow, oh) = (self.width, self.height);
         let exact = crop.width == ow as f64
             && crop.height == oh as f64
             && crop.left.fract() == 0.0
             && crop.top.fract() == 0.0;
-        let resize = |src: &[u8], dst: &mut [u8], resizer: &mut Resizer| -> Result<()> {
-            let err = |e| self.transform_err(key, e);
-            let src = ImageRef::new(iw as u32, ih as u32, src, PixelType::U8x3).map_err(err)?;
-            let (x, y) = (view.x0 as u32, view.y0 as u32);
-            let (w, h) = (view.width() as u32, view.height() as u32);
-            let src =
-                CroppedImage::new(&src, x, y, w, h).map_err(|e| self.transform_err(key, e))?;
-            let mut dst = Image::from_slice_u8(ow as u32, oh as u32, dst, PixelType::U8x3)
-                .map_err(|e| self.transform_err(key, e))?;
-            let opts = ResizeOptions::new()
-                .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-                .crop(crop.left, crop.top, crop.width, crop.height);
-            resizer
-                .resize(&src, &mut dst, &opts)
-                .map_err(|e| self.transform_err(key, e))
-        };
         if exact {
-            // No resampling needed: read the window straight from the decoded image.
-            let (x, y) = (view.x0 + crop.left as usize, view.y0 + crop.top as usize);
-            self.write(&src.rgb[(y * iw + x) * 3..], iw * 3, flip, slot);
+            // No resampling needed: read the crop straight from the pixels.
+            let at = src.row(crop.top as usize) + crop.left as usize * 3;
+            self.write(&src.rgb[at..], src.stride, flip, slot);
         } else if let Slot::U8(out) = slot {
-            // u8 HWC is the resizer's own layout: resize straight into the slot.
-            resize(src.rgb, out, resizer)?;
-            if flip {
-                for row in out.chunks_exact_mut(ow * 3) {
-                    flip_row(row);
-                }
-            }
+            // u8 HWC is the resampler's own layout: resize straight into the slot.
+            resampler.resize(&src, crop, (ow, oh), flip, out);
         } else {
             resized.resize(ow * oh * 3, 0);
-            resize(src.rgb, resized, resizer)?;
-            self.write(resized, ow * 3, flip, slot);
+            resampler.resize(&src, crop, (ow, oh), flip, resized);
+            self.write(resized, ow * 3, false, slot);
         }
         Ok(())
-    }
-
-    fn transform_err(&self, key: &str, e: impl std::fmt::Display) -> Error {
-        Error::Transform {
-            key: key.into(),
-            reason: e.to_string(),
-        }
     }
 
     /// The crop window and flip for an `iw x ih` image.
@@ -621,20 +566,6 @@ impl ImageTransform {
     }
 }
 
-/// Reverses the order of the RGB pixels of `row` in place.
-fn flip_row(row: &mut [u8]) {
-    let half = row.len() / 6 * 3;
-    let (left, right) = row.split_at_mut(row.len() - half);
-    for (a, b) in left
-        .chunks_exact_mut(3)
-        .zip(right.chunks_exact_mut(3).rev())
-    {
-        let pixel = [a[0], a[1], a[2]];
-        a.copy_from_slice(b);
-        b.copy_from_slice(&pixel);
-    }
-}
-
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area
 /// and log-uniform aspect ratio, then a centre crop clamped to the ratio range.
 fn random_resized_crop(
@@ -686,16 +617,6 @@ fn uniform(rng: &mut impl Rng, lo: f64, hi: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flip_row_reverses_pixels() {
-        for n in 0..6u8 {
-            let mut row: Vec<u8> = (0..n * 3).collect();
-            let want: Vec<u8> = row.chunks(3).rev().flatten().copied().collect();
-            flip_row(&mut row);
-            assert_eq!(row, want, "{n} pixels");
-        }
-    }
 
     #[test]
     fn random_resized_crop_stays_inside_and_in_range() {

@@ -41,9 +41,12 @@ fn check(src: &str, reference: &str, tolerance: u8) {
     );
 }
 
+/// Pillow's weights and rounding: bit-identical. (Upscales put a whole
+/// weight on one pixel, which leaves 14 fraction bits instead of Pillow's
+/// 22: off by one level at most.)
 #[test]
 fn downscale_matches_pillow_bilinear() {
-    check("resize_src_64x48.png", "resize_ref_down_24.png", 1);
+    check("resize_src_64x48.png", "resize_ref_down_24.png", 0);
 }
 
 #[test]
