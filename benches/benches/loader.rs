@@ -6,7 +6,6 @@
 
 use candle_wick::{ImageFolder, Loader, Output, Slot, Source};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rayon::prelude::*;
 use std::time::Duration;
 
 const COUNT: usize = 500;
@@ -71,47 +70,14 @@ fn bench_loader(c: &mut Criterion) {
     let mut epoch = 0;
     group.bench_function("bare_par_iter_2_threads", |b| {
         b.iter(|| {
-            bare.install(|| {
-                (0..source.len()).into_par_iter().for_each_init(
-                    || vec![0u8; transform.slot_len()],
-                    |slot, i| {
-                        let r = source.read(i).expect("read");
-                        transform
-                            .apply(&r.key, &r.bytes, epoch, i, Slot::U8(slot))
-                            .expect("transform");
-                    },
-                )
-            });
+            benches::bare_par_iter(&bare, &source, &transform, epoch);
             epoch += 1;
         })
     });
-    // The same, but written into fresh batch buffers (64 samples each, as a
-    // loader that hands every batch over as a tensor must): the cost of
-    // first-touching new memory, which the loop above (one reused slot per
-    // thread) never pays.
     let mut epoch = 0;
-    let slot_len = transform.slot_len();
     group.bench_function("bare_par_iter_into_batches", |b| {
         b.iter(|| {
-            let mut batches: Vec<Vec<u8>> = (0..source.len().div_ceil(64))
-                .map(|k| vec![0u8; (source.len() - k * 64).min(64) * slot_len])
-                .collect();
-            bare.install(|| {
-                batches
-                    .par_iter_mut()
-                    .enumerate()
-                    .flat_map(|(k, b)| {
-                        b.par_chunks_mut(slot_len)
-                            .enumerate()
-                            .map(move |(j, s)| (k * 64 + j, s))
-                    })
-                    .for_each(|(i, slot)| {
-                        let r = source.read(i).expect("read");
-                        transform
-                            .apply(&r.key, &r.bytes, epoch, i, Slot::U8(slot))
-                            .expect("transform");
-                    })
-            });
+            let batches = benches::bare_par_iter_into_batches(&bare, &source, &transform, epoch);
             epoch += 1;
             batches
         })

@@ -88,3 +88,58 @@ pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
 pub fn data_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data")
 }
+
+/// The loader's per-sample work (read, decode, transform) with no pool,
+/// queue or prefetch: a bare rayon `par_iter` over the samples of `source`
+/// on `pool`, each thread writing into one reused slot.
+pub fn bare_par_iter(
+    pool: &rayon::ThreadPool,
+    source: &impl candle_wick::Source,
+    transform: &candle_wick::ImageTransform,
+    epoch: u64,
+) {
+    pool.install(|| {
+        (0..source.len()).into_par_iter().for_each_init(
+            || vec![0u8; transform.slot_len()],
+            |slot, i| {
+                let r = source.read(i).expect("read");
+                transform
+                    .apply(&r.key, &r.bytes, epoch, i, candle_wick::Slot::U8(slot))
+                    .expect("transform");
+            },
+        )
+    })
+}
+
+/// [`bare_par_iter`], but written into fresh buffers of 64 samples, as a
+/// loader that hands every batch over as a tensor must: it pays for
+/// first-touching new memory, which one reused slot per thread never does.
+pub fn bare_par_iter_into_batches(
+    pool: &rayon::ThreadPool,
+    source: &impl candle_wick::Source,
+    transform: &candle_wick::ImageTransform,
+    epoch: u64,
+) -> Vec<Vec<u8>> {
+    let slot_len = transform.slot_len();
+    let n = source.len();
+    let mut batches: Vec<Vec<u8>> = (0..n.div_ceil(64))
+        .map(|k| vec![0u8; (n - k * 64).min(64) * slot_len])
+        .collect();
+    pool.install(|| {
+        batches
+            .par_iter_mut()
+            .enumerate()
+            .flat_map(|(k, b)| {
+                b.par_chunks_mut(slot_len)
+                    .enumerate()
+                    .map(move |(j, s)| (k * 64 + j, s))
+            })
+            .for_each(|(i, slot)| {
+                let r = source.read(i).expect("read");
+                transform
+                    .apply(&r.key, &r.bytes, epoch, i, candle_wick::Slot::U8(slot))
+                    .expect("transform");
+            })
+    });
+    batches
+}
