@@ -4,23 +4,11 @@
 //! (parallel efficiency) and in a bare rayon `par_iter` on 2 threads with no
 //! pool, queue or prefetch (the pipeline's own overhead).
 
-use candle_wick::{ImageFolder, Loader, Output, Slot, Source};
+use candle_wick::{ImageFolder, Slot, Source};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
 const COUNT: usize = 500;
-
-fn loader(dir: &std::path::Path, workers: usize) -> Loader {
-    Loader::builder(ImageFolder::new(dir).expect("bench folder"))
-        .batch_size(64)
-        .image_size(224)
-        .train_transforms()
-        .output(Output::U8Nhwc)
-        .shuffle(0)
-        .workers(workers)
-        .build()
-        .expect("bench loader")
-}
 
 fn bench_loader(c: &mut Criterion) {
     let dir = benches::imagenet_like(&benches::data_root(), COUNT).expect("bench dataset");
@@ -31,7 +19,7 @@ fn bench_loader(c: &mut Criterion) {
     group.warm_up_time(Duration::from_secs(2));
 
     for workers in [1, 2] {
-        let mut l = loader(&dir, workers);
+        let mut l = benches::rrc_u8_loader(&dir, workers);
         let mut epoch = 0;
         group.bench_function(format!("loader_workers_{workers}"), |b| {
             b.iter(|| {
@@ -46,7 +34,7 @@ fn bench_loader(c: &mut Criterion) {
     }
 
     // The same per-sample work with no pool, queues or prefetch.
-    let l = loader(&dir, 1);
+    let l = benches::rrc_u8_loader(&dir, 1);
     let source = ImageFolder::new(&dir).expect("bench folder");
     let transform = l.transform().clone();
     let mut slot = vec![0u8; transform.slot_len()];

@@ -11,23 +11,11 @@
 //!   one reused slot per thread, and / the same into fresh batch buffers;
 //! - efficiency: loader with 2 workers / twice the loader with 1.
 
-use candle_wick::{ImageFolder, ImageTransform, Loader, Output};
+use candle_wick::{ImageFolder, ImageTransform};
 use std::time::Instant;
 
 const COUNT: usize = 500;
 const ROUNDS: usize = 15;
-
-fn loader(dir: &std::path::Path, workers: usize) -> Loader {
-    Loader::builder(ImageFolder::new(dir).expect("bench folder"))
-        .batch_size(64)
-        .image_size(224)
-        .train_transforms()
-        .output(Output::U8Nhwc)
-        .shuffle(0)
-        .workers(workers)
-        .build()
-        .expect("bench loader")
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -36,8 +24,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let dir = benches::imagenet_like(&benches::data_root(), COUNT).expect("bench dataset");
-    let mut one = loader(&dir, 1);
-    let mut two = loader(&dir, 2);
+    let mut one = benches::rrc_u8_loader(&dir, 1);
+    let mut two = benches::rrc_u8_loader(&dir, 2);
     let source = ImageFolder::new(&dir).expect("bench folder");
     let transform: ImageTransform = two.transform().clone();
     let pool = rayon::ThreadPoolBuilder::new()

@@ -143,3 +143,18 @@ pub fn bare_par_iter_into_batches(
     });
     batches
 }
+
+/// The benches' loader over the ImageFolder `dir`: batch 64,
+/// RandomResizedCrop 224 + flip, u8, fixed shuffle seed, `workers` decode
+/// workers (the other knobs on AUTOTUNE).
+pub fn rrc_u8_loader(dir: &Path, workers: usize) -> candle_wick::Loader {
+    candle_wick::Loader::builder(candle_wick::ImageFolder::new(dir).expect("bench folder"))
+        .batch_size(64)
+        .image_size(224)
+        .train_transforms()
+        .output(candle_wick::Output::U8Nhwc)
+        .shuffle(0)
+        .workers(workers)
+        .build()
+        .expect("bench loader")
+}
