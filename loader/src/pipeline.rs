@@ -23,11 +23,10 @@ use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_UPLOAD};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -1017,27 +1016,35 @@ fn feed(
                 dispatched += 1;
                 break;
             }
+            let job = Filling::new(
+                shared.clone(),
+                plan.clone(),
+                index,
+                epoch,
+                cancel.clone(),
+                done.clone(),
+                buf,
+                pre,
+            );
+            let job = match job {
+                Ok(job) => Arc::new(job),
+                Err((buf, e)) => {
+                    shared.pool.release(Some(buf));
+                    fail(index, e);
+                    dispatched += 1;
+                    break;
+                }
+            };
             shared.counters.batch_started();
             dispatched += 1;
-            let (shared, plan, cancel, done) =
-                (shared.clone(), plan.clone(), cancel.clone(), done.clone());
-            decode_pool.spawn(move || {
-                let filled = catch_unwind(AssertUnwindSafe(|| {
-                    fill(&shared, &plan, index, epoch, buf, &cancel, pre)
-                }))
-                .unwrap_or_else(|payload| {
-                    // The buffer was lost with the panic; return its permit.
-                    shared.pool.release(None);
-                    Filled {
-                        index,
-                        result: Some(Err(Error::WorkerPanic {
-                            key: format!("batch {index}"),
-                            message: panic_message(payload.as_ref()),
-                        })),
-                    }
-                });
-                let _ = done.send(Msg::Done(filled));
-            });
+            let n = job.slots.len();
+            if n == 0 {
+                job.complete();
+            }
+            for _ in 0..decode_pool.current_num_threads().min(n) {
+                let job = job.clone();
+                decode_pool.spawn_fifo(move || job.run());
+            }
         }
         if done.send(Msg::End { dispatched }).is_err() {
             return;
@@ -1190,95 +1197,226 @@ fn process(
     }
 }
 
-/// Fills batch `index` of the plan into `buf`, all samples in parallel.
-fn fill(
-    shared: &Shared,
-    plan: &Plan,
+/// A pointer to one sample's slot in a batch buffer being filled.
+enum RawSlot {
+    U8(*mut u8, usize),
+    F32(*mut f32, usize),
+}
+
+// SAFETY: a `RawSlot` points into the buffer of the `Filling` that holds
+// it, which outlives every job using it, and `Filling::run` hands each slot
+// to exactly one job; moving or sharing the pointer between threads creates
+// no shared mutable access.
+unsafe impl Send for RawSlot {}
+// SAFETY: as for `Send`; `&RawSlot` only gives out the pointer.
+unsafe impl Sync for RawSlot {}
+
+impl RawSlot {
+    fn new(slot: Slot<'_>) -> Self {
+        match slot {
+            Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
+            Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
+        }
+    }
+
+    /// The slot again.
+    ///
+    /// # Safety
+    /// The buffer must still be alive and unmoved, and the caller must be
+    /// the slot's only user for `'a`.
+    unsafe fn slot<'a>(&self) -> Slot<'a> {
+        // SAFETY: the pointer and length came from a live `&mut` slice of
+        // that buffer (`new`), which the caller guarantees is still alive,
+        // unmoved and unaliased for `'a`.
+        unsafe {
+            match *self {
+                RawSlot::U8(p, n) => Slot::U8(std::slice::from_raw_parts_mut(p, n)),
+                RawSlot::F32(p, n) => Slot::F32(std::slice::from_raw_parts_mut(p, n)),
+            }
+        }
+    }
+}
+
+/// One batch being filled. Its samples are claimed one at a time, in
+/// order, by as many runner jobs as the decode pool has threads, and the job
+/// that completes the last sample hands the batch over. Runners are queued
+/// first-in first-out, so the workers finish a batch before they start the
+/// next, and no job ever blocks waiting for another: a worker never holds
+/// back a finished batch while it helps with a later one (as a nested
+/// `par_iter` waiting for its last sample would).
+struct Filling {
+    shared: Arc<Shared>,
+    plan: Arc<Plan>,
     index: usize,
     epoch: u64,
-    mut buf: HostBuf,
-    cancel: &AtomicBool,
-    mut pre: Vec<PreRead>,
-) -> Filled {
-    let indices = &plan.order[plan.batches[index].clone()];
-    let slot_len = shared.transform.slot_len();
-    pre.resize_with(indices.len(), || None);
-    let outcomes: Result<Vec<Outcome>> = buf.slots(indices.len(), slot_len).map(|slots| {
-        slots
-            .into_par_iter()
-            .zip(indices.par_iter())
-            .zip(pre.into_par_iter())
-            .map(|((slot, &i), pre)| process(shared, epoch, i, slot, cancel, pre))
-            .collect()
-    });
-    let outcomes = match outcomes {
-        Ok(o) => o,
-        Err(e) => {
+    cancel: Arc<AtomicBool>,
+    done: Sender<Msg>,
+    /// The buffer the slots point into; taken by `finish`.
+    buf: Mutex<Option<HostBuf>>,
+    slots: Vec<RawSlot>,
+    pre: Vec<Mutex<PreRead>>,
+    outcomes: Vec<Mutex<Option<Outcome>>>,
+    /// The next sample to claim.
+    next: AtomicUsize,
+    /// Samples not yet completed.
+    left: AtomicUsize,
+}
+
+/// Locks `m`; its data stays consistent under a panic (plain stores).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Filling {
+    /// Batch `index` of `plan` into `buf`, with the records `pre` read
+    /// ahead (stream mode; `None` for random access).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        shared: Arc<Shared>,
+        plan: Arc<Plan>,
+        index: usize,
+        epoch: u64,
+        cancel: Arc<AtomicBool>,
+        done: Sender<Msg>,
+        mut buf: HostBuf,
+        mut pre: Vec<PreRead>,
+    ) -> std::result::Result<Self, (HostBuf, Error)> {
+        let n = plan.batches[index].len();
+        let slot_len = shared.transform.slot_len();
+        let slots = match buf.slots(n, slot_len) {
+            Ok(s) => s.into_iter().map(RawSlot::new).collect(),
+            Err(e) => return Err((buf, e)),
+        };
+        pre.resize_with(n, || None);
+        Ok(Self {
+            shared,
+            plan,
+            index,
+            epoch,
+            cancel,
+            done,
+            // The slots point into the buffer's heap memory, which moving
+            // the `HostBuf` value does not move.
+            buf: Mutex::new(Some(buf)),
+            slots,
+            pre: pre.into_iter().map(Mutex::new).collect(),
+            outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            left: AtomicUsize::new(n),
+        })
+    }
+
+    fn indices(&self) -> &[usize] {
+        &self.plan.order[self.plan.batches[self.index].clone()]
+    }
+
+    /// Claims and processes samples until none are left to claim.
+    fn run(&self) {
+        let indices = self.indices();
+        loop {
+            let j = self.next.fetch_add(1, Ordering::Relaxed);
+            if j >= indices.len() {
+                return;
+            }
+            let pre = lock(&self.pre[j]).take();
+            // SAFETY: `next` hands out each `j` once, so this job is slot
+            // `j`'s only user; the buffer stays in `self.buf` until `finish`
+            // takes it, which happens only after every sample, this one
+            // included, has completed (`left`).
+            let slot = unsafe { self.slots[j].slot() };
+            let shared = &self.shared;
+            let outcome = process(shared, self.epoch, indices[j], slot, &self.cancel, pre);
+            *lock(&self.outcomes[j]) = Some(outcome);
+            // AcqRel: every slot's writes happen before `finish` reads.
+            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.complete();
+            }
+        }
+    }
+
+    /// Hands the finished batch (or its error) to the uploader.
+    fn complete(&self) {
+        let index = self.index;
+        let filled = catch_unwind(AssertUnwindSafe(|| self.finish())).unwrap_or_else(|payload| {
+            // The buffer was lost with the panic; return its permit.
+            self.shared.pool.release(None);
+            Filled {
+                index,
+                result: Some(Err(Error::WorkerPanic {
+                    key: format!("batch {index}"),
+                    message: panic_message(payload.as_ref()),
+                })),
+            }
+        });
+        let _ = self.done.send(Msg::Done(filled));
+    }
+
+    /// Compacts the kept samples to the front of the buffer and builds the
+    /// batch.
+    fn finish(&self) -> Filled {
+        let (shared, index) = (&*self.shared, self.index);
+        let indices = self.indices();
+        let slot_len = shared.transform.slot_len();
+        let buf = lock(&self.buf).take().expect("a batch finishes once");
+        if self.cancel.load(Ordering::Relaxed) {
             shared.pool.release(Some(buf));
             return Filled {
                 index,
-                result: Some(Err(e)),
+                result: None,
             };
         }
-    };
-    if cancel.load(Ordering::Relaxed) {
-        shared.pool.release(Some(buf));
-        return Filled {
-            index,
-            result: None,
+        let mut batch = HostBatch {
+            buf,
+            labels: Vec::with_capacity(indices.len()),
+            keys: Vec::with_capacity(indices.len()),
+            indices: Vec::with_capacity(indices.len()),
+            skipped: Vec::new(),
         };
-    }
-    let mut batch = HostBatch {
-        buf,
-        labels: Vec::with_capacity(indices.len()),
-        keys: Vec::with_capacity(indices.len()),
-        indices: Vec::with_capacity(indices.len()),
-        skipped: Vec::new(),
-    };
-    for (slot, (outcome, &source_index)) in outcomes.into_iter().zip(indices).enumerate() {
-        match outcome {
-            Outcome::Ok { key, label } => {
-                let kept = batch.keys.len();
-                if kept != slot {
-                    if let Err(e) = batch.buf.move_slot(slot, kept, slot_len) {
+        for (slot, (outcome, &source_index)) in self.outcomes.iter().zip(indices).enumerate() {
+            match lock(outcome).take().unwrap_or(Outcome::Cancelled) {
+                Outcome::Ok { key, label } => {
+                    let kept = batch.keys.len();
+                    if kept != slot {
+                        if let Err(e) = batch.buf.move_slot(slot, kept, slot_len) {
+                            shared.pool.release(Some(batch.buf));
+                            return Filled {
+                                index,
+                                result: Some(Err(e)),
+                            };
+                        }
+                    }
+                    batch.keys.push(key);
+                    batch.labels.push(label);
+                    batch.indices.push(source_index);
+                }
+                Outcome::Failed { key, error } => match shared.bad_samples {
+                    BadSamples::Fail => {
                         shared.pool.release(Some(batch.buf));
                         return Filled {
                             index,
-                            result: Some(Err(e)),
+                            result: Some(Err(error)),
                         };
                     }
-                }
-                batch.keys.push(key);
-                batch.labels.push(label);
-                batch.indices.push(source_index);
-            }
-            Outcome::Failed { key, error } => match shared.bad_samples {
-                BadSamples::Fail => {
+                    BadSamples::Skip => {
+                        shared.counters.skipped(key.clone());
+                        batch.skipped.push(Skipped { key, error });
+                    }
+                },
+                Outcome::Cancelled => {
+                    // Cancel was set after this batch's check above; unreachable
+                    // in practice, handled the same way.
                     shared.pool.release(Some(batch.buf));
                     return Filled {
                         index,
-                        result: Some(Err(error)),
+                        result: None,
                     };
                 }
-                BadSamples::Skip => {
-                    shared.counters.skipped(key.clone());
-                    batch.skipped.push(Skipped { key, error });
-                }
-            },
-            Outcome::Cancelled => {
-                // Cancel was set after this batch's check above; unreachable
-                // in practice, handled the same way.
-                shared.pool.release(Some(batch.buf));
-                return Filled {
-                    index,
-                    result: None,
-                };
             }
         }
-    }
-    Filled {
-        index,
-        result: Some(Ok(batch)),
+        Filled {
+            index,
+            result: Some(Ok(batch)),
+        }
     }
 }
 
