@@ -1,6 +1,7 @@
 //! Per-stage costs on 64 ImageNet-like JPEGs (~400x350, q90): decode alone
-//! (wick's decoder and zune-jpeg), each transform on decoded pixels, and the
-//! fused decode+transform path (which decodes only the crop window).
+//! (wick's decoder and zune-jpeg), each transform on decoded pixels (and the
+//! eval resize by fast_image_resize, for comparison), and the fused
+//! decode+transform path (which decodes only the crop window).
 
 use candle_wick::{decode_rgb_into, ImageTransform, Output, Slot, Transforms};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -105,6 +106,30 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+
+    // The same centre crops resized by fast_image_resize (AVX2 convolution,
+    // the crate wick used before its own resampler), into one reused image.
+    group.bench_function("resize_center_crop_u8_fast_image_resize", |b| {
+        use fast_image_resize::images::{Image, ImageRef};
+        use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+        let mut resizer = Resizer::new();
+        let mut dst = Image::new(224, 224, PixelType::U8x3);
+        b.iter(|| {
+            for (px, (w, h)) in &decoded {
+                let (w, h) = (*w as f64, *h as f64);
+                // torchvision Resize(256) + CenterCrop(224), as a source box.
+                let s = 256.0 / w.min(h);
+                let (nw, nh) = ((w * s).trunc(), (h * s).trunc());
+                let (left, top) = (((nw - 224.0) / 2.0).round(), ((nh - 224.0) / 2.0).round());
+                let (sx, sy) = (w / nw, h / nh);
+                let src = ImageRef::new(w as u32, h as u32, px, PixelType::U8x3).expect("image");
+                let opts = ResizeOptions::new()
+                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+                    .crop(left * sx, top * sy, 224.0 * sx, 224.0 * sy);
+                resizer.resize(&src, &mut dst, &opts).expect("resize");
+            }
+        })
+    });
 
     for (name, t) in [
         (
