@@ -1150,7 +1150,10 @@ fn process(
                 (r, t0.elapsed())
             }
             (None, Some((record, read))) => (record, read),
-            (None, None) => (shared.source.read(index), t0.elapsed()),
+            (None, None) => {
+                let bytes = crate::transform::take_read_buffer();
+                (shared.source.read_reusing(index, bytes), t0.elapsed())
+            }
         };
         let mut record = record.map_err(|e| (None, e))?;
         if let (Some(cache), false) = (&shared.cache, hit) {
@@ -1171,6 +1174,7 @@ fn process(
         }
         .map_err(|e| (Some(record.key.clone()), e))?;
         shared.counters.sample(read, &times);
+        crate::transform::recycle_read_buffer(record.bytes);
         Ok((record.key, record.label))
     };
     let result = catch_unwind(AssertUnwindSafe(run));

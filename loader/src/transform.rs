@@ -147,6 +147,29 @@ struct Scratch {
     resized: Vec<u8>,
     /// The window decoder's tables and planes.
     jpeg: crate::jpeg::Scratch,
+    /// The byte buffer of the next record read on this thread.
+    read: Vec<u8>,
+}
+
+/// Read buffers above this size are not kept: one huge file must not pin
+/// its size on every worker.
+const MAX_KEPT_READ: usize = 8 << 20;
+
+/// This thread's byte buffer for the next record read (empty at first);
+/// see [`crate::Source::read_reusing`].
+pub(crate) fn take_read_buffer() -> Vec<u8> {
+    SCRATCH.with(|cell| std::mem::take(&mut cell.borrow_mut().read))
+}
+
+/// Keeps a record's byte buffer for this thread's next read.
+pub(crate) fn recycle_read_buffer(bytes: Vec<u8>) {
+    if bytes.capacity() <= MAX_KEPT_READ {
+        SCRATCH.with(|cell| {
+            let scratch = &mut *cell.borrow_mut();
+            scratch.read = bytes;
+            scratch.account();
+        });
+    }
 }
 
 impl Scratch {
@@ -156,12 +179,15 @@ impl Scratch {
         use std::sync::atomic::Ordering::Relaxed;
         let bytes = self.decoded.capacity()
             + self.resized.capacity()
+            + self.read.capacity()
             + self.jpeg.bytes()
             + self.resampler.bytes();
         let bytes = bytes as u64;
+        // The thread's high-water mark: the read buffer comes and goes.
         REPORTED.with(|r| {
-            let old = r.replace(bytes);
+            let old = r.get();
             if bytes > old {
+                r.set(bytes);
                 SCRATCH_BYTES.fetch_add(bytes - old, Relaxed);
                 SCRATCH_MAX.fetch_max(bytes, Relaxed);
             }
@@ -177,6 +203,7 @@ thread_local! {
         decoded: Vec::new(),
         resized: Vec::new(),
         jpeg: crate::jpeg::Scratch::default(),
+        read: Vec::new(),
     });
 }
 
@@ -292,6 +319,7 @@ impl ImageTransform {
             decoded,
             resized,
             jpeg,
+            ..
         } = scratch;
         let t0 = Instant::now();
         #[cfg(feature = "turbojpeg")]

@@ -25,9 +25,10 @@ fn tiny_budget_bounds_memory_not_progress() {
             .ram_budget(budget)
             .build()
     };
-    // Four batch buffers (2 x 32 x 32 x 3) plus one worker's scratch fit in
-    // 3 MB; a second worker's scratch does not.
-    let budget = 3_000_000;
+    // Four batch buffers (2 x 32 x 32 x 3) plus one worker's scratch (the
+    // decoded image and the file's bytes, kept for the next read) fit in
+    // 4 MB; a second worker's scratch does not.
+    let budget = 4_000_000;
     let mut l = build(budget).unwrap();
     let mut n = 0;
     for epoch in 0..3 {

@@ -127,7 +127,11 @@ impl Source for ImageFolder {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
-        read_labeled(&self.samples, index)
+        read_labeled(&self.samples, index, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        read_labeled(&self.samples, index, bytes)
     }
 
     fn key(&self, index: usize) -> String {
@@ -171,6 +175,27 @@ mod tests {
                 (PathBuf::from("dog/b.JPG"), 1),
             ]
         );
+    }
+
+    #[test]
+    fn read_reusing_fills_the_given_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, body) in [("a.jpg", &b"first file"[..]), ("b.jpg", b"2nd")] {
+            std::fs::create_dir_all(dir.path().join("c")).unwrap();
+            std::fs::write(dir.path().join("c").join(f), body).unwrap();
+        }
+        // Through `Arc<dyn Source>`, as the loader holds it.
+        let src: std::sync::Arc<dyn Source> =
+            std::sync::Arc::new(ImageFolder::new(dir.path()).unwrap());
+        let buf = Vec::with_capacity(64);
+        let ptr = buf.as_ptr();
+        let a = src.read_reusing(0, buf).unwrap();
+        assert_eq!(a.bytes, b"first file");
+        assert_eq!(a.bytes.as_ptr(), ptr, "the buffer was replaced");
+        let b = src.read_reusing(1, a.bytes).unwrap();
+        assert_eq!(b.bytes, b"2nd");
+        assert_eq!(b.bytes.as_ptr(), ptr, "the buffer was replaced");
+        assert_eq!(b.key, src.read(1).unwrap().key);
     }
 
     #[test]

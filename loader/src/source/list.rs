@@ -157,7 +157,11 @@ impl Source for FileList {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
-        read_labeled(&self.samples, index)
+        read_labeled(&self.samples, index, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        read_labeled(&self.samples, index, bytes)
     }
 
     fn key(&self, index: usize) -> String {

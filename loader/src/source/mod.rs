@@ -70,6 +70,15 @@ pub trait Source: Send + Sync + 'static {
     /// A file that is missing, unreadable or empty gives an error naming it.
     fn read(&self, index: usize) -> Result<Record>;
 
+    /// [`read`](Self::read), with `bytes` as the record's byte buffer: a
+    /// buffer the caller reuses from sample to sample (cleared, then
+    /// refilled, keeping its capacity), so steady-state reading allocates no
+    /// byte buffer per sample. The default drops `bytes` and calls `read`.
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        drop(bytes);
+        self.read(index)
+    }
+
     /// The key of sample `index` without reading its bytes, used to name a
     /// sample in errors before it was read. Defaults to `"#index"`.
     fn key(&self, index: usize) -> String {
@@ -111,6 +120,9 @@ macro_rules! forward_source {
             fn read(&self, index: usize) -> Result<Record> {
                 (**self).read(index)
             }
+            fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+                (**self).read_reusing(index, bytes)
+            }
             fn key(&self, index: usize) -> String {
                 (**self).key(index)
             }
@@ -143,8 +155,9 @@ pub(crate) fn is_image_path(path: &Path) -> bool {
 /// is an error rather than an allocation of its size.
 pub(crate) const MAX_FILE_BYTES: u64 = 512 << 20;
 
-/// Reads a whole sample file, naming it on failure.
-pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+/// Reads a whole sample file into `bytes` (cleared first; its capacity is
+/// reused), naming the file on failure.
+pub(crate) fn read_file_into(path: &Path, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -157,7 +170,8 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
             reason: format!("sample file is {len} bytes, over the {MAX_FILE_BYTES}-byte limit"),
         });
     }
-    let mut bytes = Vec::with_capacity(len as usize);
+    bytes.clear();
+    bytes.reserve(len as usize);
     // `take` bounds the read even if the file grows after the size check.
     std::io::Read::read_to_end(
         &mut std::io::Read::take(&mut file, MAX_FILE_BYTES + 1),
@@ -178,13 +192,18 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Record `index` of a list of labelled files: the path is the key.
-pub(crate) fn read_labeled(samples: &[(PathBuf, u32)], index: usize) -> Result<Record> {
+/// Record `index` of a list of labelled files (the path is the key), its
+/// bytes read into `bytes`.
+pub(crate) fn read_labeled(
+    samples: &[(PathBuf, u32)],
+    index: usize,
+    bytes: Vec<u8>,
+) -> Result<Record> {
     check_index(index, samples.len())?;
     let (path, label) = &samples[index];
     Ok(Record::encoded(
         path.display().to_string(),
-        read_file(path)?,
+        read_file_into(path, bytes)?,
         *label,
     ))
 }

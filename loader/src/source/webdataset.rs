@@ -272,10 +272,15 @@ impl Source for WebDataset {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
+        self.read_reusing(index, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
         let (s, n) = self.set.locate(index)?;
         let (path, file) = &self.files[s];
         let sample = &self.samples[s][n];
-        let mut bytes = vec![0; sample.len as usize];
+        bytes.clear();
+        bytes.resize(sample.len as usize, 0);
         read_exact_at(file, path, sample.offset, &mut bytes)?;
         if bytes.is_empty() {
             return Err(Error::EmptyFile {
