@@ -1016,28 +1016,28 @@ fn feed(
                 dispatched += 1;
                 break;
             }
-            let job = Filling::new(
-                shared.clone(),
-                plan.clone(),
-                index,
-                epoch,
-                cancel.clone(),
-                done.clone(),
-                buf,
-                pre,
-            );
-            let job = match job {
-                Ok(job) => Arc::new(job),
-                Err((buf, e)) => {
+            let n = plan.batches[index].len();
+            let slots = match RawSlot::all(&mut buf, n, shared.transform.slot_len()) {
+                Ok(slots) => slots,
+                Err(e) => {
                     shared.pool.release(Some(buf));
                     fail(index, e);
                     dispatched += 1;
                     break;
                 }
             };
+            let job = Arc::new(Filling::new(
+                shared.clone(),
+                plan.clone(),
+                index,
+                epoch,
+                cancel.clone(),
+                done.clone(),
+                (buf, slots),
+                pre,
+            ));
             shared.counters.batch_started();
             dispatched += 1;
-            let n = job.slots.len();
             if n == 0 {
                 job.complete();
             }
@@ -1216,6 +1216,11 @@ unsafe impl Send for RawSlot {}
 unsafe impl Sync for RawSlot {}
 
 impl RawSlot {
+    /// The first `n` slots of `buf`.
+    fn all(buf: &mut HostBuf, n: usize, slot_len: usize) -> Result<Vec<Self>> {
+        Ok(buf.slots(n, slot_len)?.into_iter().map(Self::new).collect())
+    }
+
     fn new(slot: Slot<'_>) -> Self {
         match slot {
             Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
@@ -1272,8 +1277,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Filling {
-    /// Batch `index` of `plan` into `buf`, with the records `pre` read
-    /// ahead (stream mode; `None` for random access).
+    /// Batch `index` of `plan` into `buf`, whose first slots are `slots`
+    /// (from [`RawSlot::all`]), with the records `pre` read ahead (stream
+    /// mode; `None` for random access).
     #[allow(clippy::too_many_arguments)]
     fn new(
         shared: Arc<Shared>,
@@ -1282,17 +1288,12 @@ impl Filling {
         epoch: u64,
         cancel: Arc<AtomicBool>,
         done: Sender<Msg>,
-        mut buf: HostBuf,
+        (buf, slots): (HostBuf, Vec<RawSlot>),
         mut pre: Vec<PreRead>,
-    ) -> std::result::Result<Self, (HostBuf, Error)> {
-        let n = plan.batches[index].len();
-        let slot_len = shared.transform.slot_len();
-        let slots = match buf.slots(n, slot_len) {
-            Ok(s) => s.into_iter().map(RawSlot::new).collect(),
-            Err(e) => return Err((buf, e)),
-        };
+    ) -> Self {
+        let n = slots.len();
         pre.resize_with(n, || None);
-        Ok(Self {
+        Self {
             shared,
             plan,
             index,
@@ -1307,7 +1308,7 @@ impl Filling {
             outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
-        })
+        }
     }
 
     fn indices(&self) -> &[usize] {
