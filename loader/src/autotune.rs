@@ -50,7 +50,7 @@ impl Gate {
     }
 
     fn lock(&self) -> MutexGuard<'_, (usize, usize)> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.state)
     }
 
     pub(crate) fn enter(&self) -> GatePass<'_> {
@@ -201,11 +201,7 @@ impl Tuner {
     }
 
     pub(crate) fn history(&self) -> Vec<TuneStep> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .history
-            .clone()
+        crate::lock(&self.state).history.clone()
     }
 
     /// Called after each delivered batch; may turn a knob. `set_in_flight`
@@ -229,7 +225,7 @@ impl Tuner {
         if !self.enabled() {
             return;
         }
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = crate::lock(&self.state);
         let now = Instant::now();
         let dt = now.duration_since(st.window_start);
         let batches = counters.delivered().saturating_sub(st.batches_at);

@@ -135,7 +135,7 @@ impl Cache {
                 Payload::Memory(r.bytes.clone().into_boxed_slice())
             }
             Some(d) => {
-                let mut w = d.writer.lock().unwrap_or_else(|p| p.into_inner());
+                let mut w = crate::lock(&d.writer);
                 let offset = w.1;
                 if w.0.write_all(&r.bytes).and_then(|()| w.0.flush()).is_err() {
                     // A full or failing disk: stop caching, keep reading the source.

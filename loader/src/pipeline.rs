@@ -701,10 +701,7 @@ impl Loader {
                 let handle = std::thread::Builder::new()
                     .name(format!("wick-decode-{}", thread.index()))
                     .spawn(|| thread.run())?;
-                spawned
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(handle);
+                crate::lock(&spawned).push(handle);
                 Ok(())
             })
             .build()
@@ -858,12 +855,7 @@ impl Drop for Loader {
         // The feeder held the other reference to the pool; dropping the
         // last one tells its threads to exit once idle.
         self.decode_pool.take();
-        let handles = std::mem::take(
-            &mut *self
-                .decode_threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
+        let handles = std::mem::take(&mut *crate::lock(&self.decode_threads));
         for t in handles {
             let _ = t.join();
         }
@@ -1271,11 +1263,6 @@ struct Filling {
     left: AtomicUsize,
 }
 
-/// Locks `m`; its data stays consistent under a panic (plain stores).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Filling {
     /// Batch `index` of `plan` into `buf`, whose first slots are `slots`
     /// (from [`RawSlot::all`]), with the records `pre` read ahead (stream
@@ -1323,7 +1310,7 @@ impl Filling {
             if j >= indices.len() {
                 return;
             }
-            let pre = lock(&self.pre[j]).take();
+            let pre = crate::lock(&self.pre[j]).take();
             // SAFETY: `next` hands out each `j` once, so this job is slot
             // `j`'s only user; the buffer stays in `self.buf` until `finish`
             // takes it, which happens only after every sample, this one
@@ -1331,7 +1318,7 @@ impl Filling {
             let slot = unsafe { self.slots[j].slot() };
             let shared = &self.shared;
             let outcome = process(shared, self.epoch, indices[j], slot, &self.cancel, pre);
-            *lock(&self.outcomes[j]) = Some(outcome);
+            *crate::lock(&self.outcomes[j]) = Some(outcome);
             // AcqRel: every slot's writes happen before `finish` reads.
             if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
                 self.complete();
@@ -1362,7 +1349,9 @@ impl Filling {
         let (shared, index) = (&*self.shared, self.index);
         let indices = self.indices();
         let slot_len = shared.transform.slot_len();
-        let buf = lock(&self.buf).take().expect("a batch finishes once");
+        let buf = crate::lock(&self.buf)
+            .take()
+            .expect("a batch finishes once");
         if self.cancel.load(Ordering::Relaxed) {
             shared.pool.release(Some(buf));
             return Filled {
@@ -1378,7 +1367,7 @@ impl Filling {
             skipped: Vec::new(),
         };
         for (slot, (outcome, &source_index)) in self.outcomes.iter().zip(indices).enumerate() {
-            match lock(outcome).take().unwrap_or(Outcome::Cancelled) {
+            match crate::lock(outcome).take().unwrap_or(Outcome::Cancelled) {
                 Outcome::Ok { key, label } => {
                     let kept = batch.keys.len();
                     if kept != slot {

@@ -158,7 +158,7 @@ impl Pool {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent under a panic (two plain updates), so a
         // poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.state)
     }
 
     /// Takes a buffer, blocking while all are out. Returns `None` once

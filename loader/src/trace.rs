@@ -44,7 +44,7 @@ impl Trace {
 
     pub(crate) fn record(&self, name: impl Into<String>, lane: u64, start: Instant, end: Instant) {
         let to_us = |t: Instant| t.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
-        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ev = crate::lock(&self.events);
         if ev.0.len() < MAX_EVENTS {
             ev.0.push(Event {
                 name: name.into(),
@@ -66,7 +66,7 @@ impl Trace {
     /// Writes the timeline as Chrome trace JSON.
     pub fn write_chrome_json(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let ev = crate::lock(&self.events);
         let mut lanes: Vec<u64> = ev.0.iter().map(|e| e.lane).collect();
         lanes.sort_unstable();
         lanes.dedup();
