@@ -89,6 +89,11 @@ pub(crate) struct Knobs {
     /// Upper bound of the pool's threads.
     pub(crate) max_workers: usize,
     pub(crate) batch_bytes: u64,
+    /// Host buffers are page-locked (CUDA): kept for the loader's life, and
+    /// prefetched or held batches live in device memory, not host RAM.
+    pub(crate) pinned: bool,
+    /// The most batches in flight so far: with `pinned`, the buffers held.
+    pub(crate) in_flight_high: AtomicUsize,
     pub(crate) budget: u64,
 }
 
@@ -100,7 +105,9 @@ pub(crate) static SCRATCH_MAX: AtomicU64 = AtomicU64::new(0);
 impl Knobs {
     /// Host bytes held with these settings: the batches being filled, the
     /// ones prefetched, one being uploaded and one the consumer holds, the
-    /// workers' decode scratch, and the cache.
+    /// workers' decode scratch, and the cache. With pinned buffers: every
+    /// buffer allocated so far (none is freed), and no prefetched batch
+    /// (those are on the device).
     pub(crate) fn memory(
         &self,
         in_flight: usize,
@@ -109,7 +116,12 @@ impl Knobs {
         cache: u64,
     ) -> u64 {
         let scratch = SCRATCH_MAX.load(Relaxed) * workers as u64;
-        (in_flight + prefetch + 2) as u64 * self.batch_bytes + scratch + cache
+        let batches = if self.pinned {
+            in_flight.max(self.in_flight_high.load(Relaxed))
+        } else {
+            in_flight + prefetch + 2
+        };
+        batches as u64 * self.batch_bytes + scratch + cache
     }
 
     /// Whether the settings fit the budget.
@@ -251,6 +263,7 @@ impl Tuner {
             }
             Knob::InFlight => {
                 knobs.in_flight.store(v, Relaxed);
+                knobs.in_flight_high.fetch_max(v, Relaxed);
                 set_in_flight(v);
             }
             Knob::Prefetch => knobs.prefetch.store(v, Relaxed),

@@ -91,7 +91,8 @@ pub use cache::CacheMode;
 pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::{decode_rgb_into, JPEG_DECODER};
 pub use error::{Error, Result};
-pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, NormalizeAt, Skipped};
+pub use device::NormalizeAt;
+pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use sampler::Sampler;
 pub use source::{
     shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record, RecordStream,
@@ -110,4 +111,10 @@ pub use transform::{
 /// carries nothing to act on.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Test hooks of the device upload; not part of the API.
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::device::ring::Guard;
 }

@@ -20,6 +20,7 @@ use crate::source::{Record, Source};
 use crate::stats::{Counters, Stats};
 use crate::stream::{Interleave, StreamPlanner, Streamed};
 use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_UPLOAD};
+use crate::device::{Finish, Geometry, Guard, Guards, NormalizeAt, Ready};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -66,9 +67,21 @@ pub struct Batch {
     pub index: usize,
     /// Samples of this batch left out under [`BadSamples::Skip`].
     pub skipped: Vec<Skipped>,
+    /// After the loader's last write to the batch on the device.
+    ready: Ready,
 }
 
 impl Batch {
+    /// Makes the calling thread's stream of the batch's device wait until
+    /// the loader's writes to the batch are done. [`Epoch::next`] already
+    /// did this on the thread that called it; call it on another thread
+    /// that uses the batch's tensors when that thread has a stream of its
+    /// own (`Device::new_cuda` gives each thread its own default stream).
+    /// Does nothing on the CPU and Metal.
+    pub fn wait_ready_on_current_stream(&self) -> Result<()> {
+        self.ready.wait_on_current_stream()
+    }
+
     /// Number of images in the batch.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -112,6 +125,7 @@ pub struct LoaderBuilder {
     ram_budget: Option<u64>,
     trace: bool,
     cache: Option<(CacheMode, Option<PathBuf>)>,
+    guards: Guards,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -320,6 +334,15 @@ impl LoaderBuilder {
         self
     }
 
+    /// Test-only: removes one ordering guard of the device upload, so a GPU
+    /// test can show that it catches the guard's absence. Batches may then
+    /// be wrong: never use it outside such a test.
+    #[doc(hidden)]
+    pub fn __without_guard(mut self, guard: crate::__test::Guard) -> Self {
+        self.guards = Guards { skip: Some(guard) };
+        self
+    }
+
     /// Validates the settings, starts the loader's threads and returns it.
     pub fn build(self) -> Result<Loader> {
         if self.source.is_empty() {
@@ -360,11 +383,7 @@ impl LoaderBuilder {
             TransformChoice::Custom(t) => t,
         };
         let finish = Finish::new(self.output, self.normalize_at, self.dtype, &self.device)?;
-        let host_output = if finish.normalize.is_some() {
-            Output::U8Nhwc
-        } else {
-            self.output
-        };
+        let host_output = finish.host_output(self.output);
         let transform = ImageTransform::new(transforms, host_output, h, w, self.seed)?;
         let auto = Auto {
             workers: self.workers == 0,
@@ -389,7 +408,12 @@ impl LoaderBuilder {
             in_flight: in_flight.into(),
             prefetch: prefetch.into(),
             max_workers,
-            batch_bytes: (self.batch_size * transform.slot_len() * elem) as u64,
+            // Pinned buffers hold the labels too.
+            batch_bytes: (self.batch_size * transform.slot_len() * elem
+                + if self.device.is_cuda() { 4 * self.batch_size } else { 0 })
+                as u64,
+            pinned: self.device.is_cuda(),
+            in_flight_high: in_flight.into(),
             budget: self
                 .ram_budget
                 .unwrap_or_else(crate::autotune::default_budget),
@@ -406,20 +430,19 @@ impl LoaderBuilder {
         let counters = Counters::default();
         counters.set_workers(workers);
         counters.set_memory(knobs.memory(in_flight, prefetch, workers, 0));
-        // Pinned buffers are allocated once: as many as AUTOTUNE may use.
-        let pinned = if auto.in_flight { MAX_QUEUE } else { in_flight };
+        let geo = Geometry {
+            batch: self.batch_size,
+            height: h,
+            width: w,
+            host_output,
+        };
+        let guards = self.guards;
+        let uploader = crate::device::Uploader::new(&self.device, finish, geo, guards)?;
+        // CUDA: page-locked buffers for the batches in flight now, more from
+        // the same allocator as AUTOTUNE grows, none freed while it tunes.
+        let pinned = crate::device::pinned_alloc(&self.device, geo, guards);
         let shared = Arc::new(Shared {
-            pool: Pool::new(
-                in_flight,
-                self.batch_size * transform.slot_len(),
-                host_output,
-                crate::device::pinned_buffers(
-                    &self.device,
-                    pinned,
-                    self.batch_size * transform.slot_len(),
-                    host_output,
-                )?,
-            ),
+            pool: Pool::new(in_flight, geo.elems(), host_output, pinned)?,
             tuner: Tuner::new(auto),
             knobs,
             trace: self.trace.then(|| Arc::new(Trace::new())),
@@ -427,100 +450,17 @@ impl LoaderBuilder {
                 .cache
                 .map(|(mode, path)| Cache::new(mode, self.source.len(), path.as_deref()))
                 .transpose()?,
-            uploader: crate::device::Uploader::new(&self.device)?,
+            uploader,
             source: self.source,
             transform,
+            geo,
             counters,
             device: self.device,
             bad_samples: self.bad_samples,
-            finish,
         });
         let channel = if auto.prefetch { MAX_QUEUE } else { prefetch };
         let most_in_flight = if auto.in_flight { MAX_QUEUE } else { in_flight };
         Loader::start(shared, order, max_workers, most_in_flight, channel)
-    }
-}
-
-/// Where the `u8 -> f32` conversion, NCHW permutation and normalization of
-/// [`Output::F32Nchw`] happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NormalizeAt {
-    /// On the device for GPUs, on the host for the CPU.
-    #[default]
-    Auto,
-    /// The decode workers write normalized `f32` NCHW; `f32` is uploaded.
-    Host,
-    /// The workers write `u8` NHWC, which is uploaded and normalized by
-    /// tensor ops on the device (as FFCV and DALI do).
-    Device,
-}
-
-/// What the uploader does to the images after they reach the device.
-#[derive(Debug)]
-struct Finish {
-    /// `x * scale + bias` per channel, `[1, 3, 1, 1]`, after `u8 -> f32` and
-    /// NHWC -> NCHW; `None` when the host already normalized.
-    normalize: Option<(Tensor, Tensor)>,
-    /// The images' final element type.
-    dtype: DType,
-}
-
-impl Finish {
-    fn new(output: Output, at: NormalizeAt, dtype: Option<DType>, device: &Device) -> Result<Self> {
-        let Output::F32Nchw { mean, std } = output else {
-            return match dtype {
-                None | Some(DType::U8) => Ok(Self {
-                    normalize: None,
-                    dtype: DType::U8,
-                }),
-                Some(d) => Err(Error::InvalidConfig(format!(
-                    "dtype {d:?} needs Output::F32Nchw; u8 NHWC output is always u8"
-                ))),
-            };
-        };
-        let dtype = dtype.unwrap_or(DType::F32);
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(Error::InvalidConfig(format!(
-                "dtype {dtype:?} is not a float type: use F32, BF16 or F16"
-            )));
-        }
-        let on_device = match at {
-            NormalizeAt::Auto => !device.is_cpu(),
-            NormalizeAt::Host => false,
-            NormalizeAt::Device => true,
-        };
-        if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
-            return Err(Error::InvalidConfig(format!(
-                "normalize std must be non-zero, got {std:?}"
-            )));
-        }
-        let normalize = if on_device {
-            let scale: Vec<f32> = std.iter().map(|s| 1.0 / (255.0 * s)).collect();
-            let bias: Vec<f32> = mean.iter().zip(&std).map(|(m, s)| -m / s).collect();
-            Some((
-                Tensor::from_vec(scale, (1, 3, 1, 1), device)?,
-                Tensor::from_vec(bias, (1, 3, 1, 1), device)?,
-            ))
-        } else {
-            None
-        };
-        Ok(Self { normalize, dtype })
-    }
-
-    fn apply(&self, images: Tensor) -> Result<Tensor> {
-        let images = match &self.normalize {
-            Some((scale, bias)) => images
-                .to_dtype(DType::F32)?
-                .permute((0, 3, 1, 2))?
-                .broadcast_mul(scale)?
-                .broadcast_add(bias)?,
-            None => images,
-        };
-        Ok(if images.dtype() == self.dtype {
-            images
-        } else {
-            images.to_dtype(self.dtype)?
-        })
     }
 }
 
@@ -550,7 +490,7 @@ struct Shared {
     counters: Counters,
     device: Device,
     bad_samples: BadSamples,
-    finish: Finish,
+    geo: Geometry,
     uploader: crate::device::Uploader,
 }
 
@@ -571,11 +511,36 @@ struct Filled {
     result: Option<Result<HostBatch>>,
 }
 
+/// A batch between the uploader and [`Epoch::next`]. One that is dropped
+/// undelivered (the epoch was dropped, or the channel with it) is waited
+/// for first: its tensors were allocated on the loader's stream and are
+/// freed on the dropping thread's, which nothing else orders after the
+/// loader's writes ([`Guard::Undelivered`]).
+#[derive(Debug)]
+struct Pending {
+    batch: Option<Batch>,
+    guards: Guards,
+}
+
+impl Pending {
+    fn take(mut self) -> Batch {
+        self.batch.take().expect("a pending batch is taken once")
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let (Some(b), true) = (&self.batch, self.guards.on(Guard::Undelivered)) {
+            let _ = b.ready.host_wait();
+        }
+    }
+}
+
 /// Messages to the uploader, in the order the feeder sends them.
 #[derive(Debug)]
 enum Msg {
     Begin {
-        out: Sender<Result<Batch>>,
+        out: Sender<Result<Pending>>,
         first: usize,
         cancel: Arc<AtomicBool>,
     },
@@ -621,7 +586,7 @@ struct EpochCmd {
     stream: Option<RecordIter>,
     start: usize,
     cancel: Arc<AtomicBool>,
-    out: Sender<Result<Batch>>,
+    out: Sender<Result<Pending>>,
 }
 
 /// Join handles of the decode pool's threads.
@@ -681,6 +646,7 @@ impl Loader {
             ram_budget: None,
             trace: false,
             cache: None,
+            guards: Guards::default(),
         }
     }
 
@@ -840,7 +806,9 @@ impl Loader {
 
     /// Counters summed over every epoch run so far.
     pub fn stats(&self) -> Stats {
-        self.shared.counters.snapshot()
+        let mut stats = self.shared.counters.snapshot();
+        stats.pinned_buffers = self.shared.pool.pinned();
+        stats
     }
 }
 
@@ -872,7 +840,7 @@ impl Drop for Loader {
 #[derive(Debug)]
 pub struct Epoch<'a> {
     loader: &'a mut Loader,
-    rx: Option<Receiver<Result<Batch>>>,
+    rx: Option<Receiver<Result<Pending>>>,
     cancel: Arc<AtomicBool>,
     remaining: usize,
     expected: usize,
@@ -912,7 +880,16 @@ impl Iterator for Epoch<'_> {
                         shared.pool.set_capacity(n)
                     });
                 self.remaining -= 1;
-                Some(item)
+                // The consumer's stream waits for the loader's writes, on
+                // the consumer's thread ([`Guard::Ready`]).
+                let guards = shared.uploader.guards();
+                Some(item.and_then(|p| {
+                    let batch = p.take();
+                    if guards.on(Guard::Ready) {
+                        batch.ready.wait_on_current_stream()?;
+                    }
+                    Ok(batch)
+                }))
             }
             _ => {
                 let delivered = self.expected - self.remaining;
@@ -998,8 +975,14 @@ fn feed(
                 },
                 None => Vec::new(),
             };
-            let Some(mut buf) = shared.pool.acquire(&cancel) else {
-                break;
+            let mut buf = match shared.pool.acquire(&cancel) {
+                None => break,
+                Some(Ok(buf)) => buf,
+                Some(Err(e)) => {
+                    fail(index, e);
+                    dispatched += 1;
+                    break;
+                }
             };
             if let Err(e) = buf.wait_writable() {
                 // A device error: report it as this batch and stop the epoch.
@@ -1416,7 +1399,7 @@ impl Filling {
 
 /// The uploader's view of the running epoch.
 struct Running {
-    out: Option<Sender<Result<Batch>>>,
+    out: Option<Sender<Result<Pending>>>,
     cancel: Arc<AtomicBool>,
     next: usize,
     pending: BTreeMap<usize, Option<Result<HostBatch>>>,
@@ -1495,27 +1478,27 @@ fn flush(shared: &Shared, r: &mut Running) {
             Some(Ok(host)) => {
                 let t = Instant::now();
                 let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
-                let n = host.keys.len();
-                let t_ = &shared.transform;
-                match shared.uploader.upload(
-                    &shared.device,
-                    host.buf,
-                    host.labels,
-                    n,
-                    t_.size(),
-                    t_.output(),
-                ) {
+                match shared
+                    .uploader
+                    .upload(&shared.device, host.buf, host.labels, shared.geo)
+                {
                     Ok(up) => {
                         shared.pool.release(up.reusable);
-                        let images = shared.finish.apply(up.images);
                         shared.counters.batch_uploaded(t.elapsed());
-                        images.map(|images| Batch {
-                            images,
-                            labels: up.labels,
-                            keys: host.keys,
-                            indices: host.indices,
-                            index,
-                            skipped: host.skipped,
+                        for (time, bytes) in shared.uploader.finished_copies() {
+                            shared.counters.batch_copied(time, bytes);
+                        }
+                        Ok(Pending {
+                            batch: Some(Batch {
+                                images: up.images,
+                                labels: up.labels,
+                                keys: host.keys,
+                                indices: host.indices,
+                                index,
+                                skipped: host.skipped,
+                                ready: up.ready,
+                            }),
+                            guards: shared.uploader.guards(),
                         })
                     }
                     Err(e) => {

@@ -6,6 +6,12 @@
 //! first time a permit is used without a free buffer, then reused. Where the
 //! uploader hands a buffer to the device tensor without copying (the CPU),
 //! it returns only the permit and the next acquire allocates afresh.
+//!
+//! A pool with a pinned allocator (CUDA) allocates `capacity` buffers up
+//! front, every later one from the same allocator (never ordinary memory),
+//! and keeps every buffer for its life: page-locking and unlocking are slow
+//! and may synchronize the device, so AUTOTUNE lowering the capacity only
+//! leaves buffers idle.
 
 use crate::error::Result;
 use crate::transform::{Output, Slot};
@@ -121,38 +127,59 @@ fn advise_huge_pages<T>(v: &mut [T]) {
 struct State {
     free: Vec<HostBuf>,
     out: usize,
+    /// Buffers the pinned allocator made (all kept).
+    pinned: usize,
 }
 
+/// Makes one page-locked buffer.
+pub(crate) type PinnedAlloc = Box<dyn Fn() -> Result<HostBuf> + Send + Sync>;
+
 /// A bounded set of batch buffers of one size and element type.
-#[derive(Debug)]
 pub(crate) struct Pool {
     capacity: std::sync::atomic::AtomicUsize,
     elems: usize,
     output: Output,
+    pinned: Option<PinnedAlloc>,
     state: Mutex<State>,
     cv: Condvar,
 }
 
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("capacity", &self.capacity)
+            .field("pinned", &self.pinned.is_some())
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
 impl Pool {
-    /// A pool of `capacity` buffers of `elems` elements each. `prealloc`
-    /// (pinned buffers, allocated once up front) fills the free list; other
-    /// buffers are allocated on first use.
+    /// A pool of `capacity` buffers of `elems` elements each, allocated on
+    /// first use; with `pinned`, `capacity` of them are allocated now by it
+    /// and every later one too.
     pub(crate) fn new(
         capacity: usize,
         elems: usize,
         output: Output,
-        prealloc: Vec<HostBuf>,
-    ) -> Self {
-        Self {
-            capacity: capacity.into(),
+        pinned: Option<PinnedAlloc>,
+    ) -> Result<Self> {
+        let free = match &pinned {
+            Some(alloc) => (0..capacity.max(1)).map(|_| alloc()).collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            capacity: capacity.max(1).into(),
             elems,
             output,
             state: Mutex::new(State {
-                free: prealloc,
+                pinned: free.len(),
+                free,
                 out: 0,
             }),
+            pinned,
             cv: Condvar::new(),
-        }
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -162,8 +189,9 @@ impl Pool {
     }
 
     /// Takes a buffer, blocking while all are out. Returns `None` once
-    /// `cancel` is set (call [`Pool::wake`] after setting it).
-    pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Option<HostBuf> {
+    /// `cancel` is set (call [`Pool::wake`] after setting it), an error when
+    /// a pinned allocation failed (its permit is returned).
+    pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Option<Result<HostBuf>> {
         let mut st = self.lock();
         loop {
             if cancel.load(Ordering::Acquire) {
@@ -171,7 +199,21 @@ impl Pool {
             }
             if st.out < self.capacity.load(Ordering::Relaxed) {
                 st.out += 1;
-                return Some(st.free.pop().unwrap_or_else(|| self.allocate()));
+                if let Some(buf) = st.free.pop() {
+                    return Some(Ok(buf));
+                }
+                let Some(alloc) = &self.pinned else {
+                    return Some(Ok(self.allocate()));
+                };
+                // Outside the lock: page-locking takes milliseconds.
+                drop(st);
+                let buf = alloc();
+                let mut st = self.lock();
+                match buf {
+                    Ok(_) => st.pinned += 1,
+                    Err(_) => st.out -= 1,
+                }
+                return Some(buf);
             }
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
@@ -207,15 +249,22 @@ impl Pool {
         self.cv.notify_all();
     }
 
-    /// Changes how many buffers may be out at once (AUTOTUNE). Buffers
-    /// above a lowered capacity are dropped as they come back.
+    /// Changes how many buffers may be out at once (AUTOTUNE). Ordinary
+    /// buffers above a lowered capacity are dropped; pinned ones are kept.
     pub(crate) fn set_capacity(&self, n: usize) {
         let mut st = self.lock();
         self.capacity.store(n.max(1), Ordering::Relaxed);
-        let keep = n.max(1).saturating_sub(st.out);
-        st.free.truncate(keep);
+        if self.pinned.is_none() {
+            let keep = n.max(1).saturating_sub(st.out);
+            st.free.truncate(keep);
+        }
         drop(st);
         self.cv.notify_all();
+    }
+
+    /// Pinned buffers allocated so far (all still held by the pool or out).
+    pub(crate) fn pinned(&self) -> usize {
+        self.lock().pinned
     }
 
     /// Wakes every blocked `acquire` so it can see a cancel flag.
@@ -239,33 +288,69 @@ mod tests {
 
     #[test]
     fn blocks_at_capacity_and_reuses_buffers() {
-        let pool = Arc::new(Pool::new(2, 4, Output::U8Nhwc, Vec::new()));
+        let pool = Arc::new(Pool::new(2, 4, Output::U8Nhwc, None).unwrap());
         let cancel = Arc::new(AtomicBool::new(false));
-        let mut a = pool.acquire(&cancel).unwrap();
+        let mut a = pool.acquire(&cancel).unwrap().unwrap();
         if let Slot::U8(s) = a.slot(0, 4) {
             s[0] = 9;
         }
-        let _b = pool.acquire(&cancel).unwrap();
+        let _b = pool.acquire(&cancel).unwrap().unwrap();
         let (p, c) = (pool.clone(), cancel.clone());
         let waiter = std::thread::spawn(move || p.acquire(&c));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!waiter.is_finished(), "third acquire must block");
         pool.release(Some(a));
-        let reused = waiter.join().unwrap().unwrap();
+        let reused = waiter.join().unwrap().unwrap().unwrap();
         assert!(matches!(&reused, HostBuf::U8(v) if v[0] == 9));
         assert_eq!(pool.out(), 2);
     }
 
     #[test]
     fn cancel_unblocks_acquire() {
-        let pool = Arc::new(Pool::new(1, 4, Output::U8Nhwc, Vec::new()));
+        let pool = Arc::new(Pool::new(1, 4, Output::U8Nhwc, None).unwrap());
         let cancel = Arc::new(AtomicBool::new(false));
-        let _a = pool.acquire(&cancel).unwrap();
+        let _a = pool.acquire(&cancel).unwrap().unwrap();
         let (p, c) = (pool.clone(), cancel.clone());
         let waiter = std::thread::spawn(move || p.acquire(&c));
         std::thread::sleep(Duration::from_millis(20));
         cancel.store(true, Ordering::Release);
         pool.wake();
         assert!(waiter.join().unwrap().is_none());
+    }
+
+    #[test]
+    fn pinned_buffers_survive_autotune_and_growth_is_pinned() {
+        // A stand-in for page-locked memory: every buffer the allocator
+        // makes is marked, so a heap buffer would show.
+        let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = made.clone();
+        let alloc: PinnedAlloc = Box::new(move || {
+            m.fetch_add(1, Ordering::Relaxed);
+            Ok(HostBuf::U8(vec![7; 4]))
+        });
+        let pool = Pool::new(2, 4, Output::U8Nhwc, Some(alloc)).unwrap();
+        assert_eq!(made.load(Ordering::Relaxed), 2, "the capacity is allocated up front");
+        let cancel = AtomicBool::new(false);
+        let take = |n: usize| -> Vec<HostBuf> {
+            (0..n).map(|_| pool.acquire(&cancel).unwrap().unwrap()).collect()
+        };
+        // Shrink, grow past the preallocation, shrink again, in flight.
+        let held = take(2);
+        pool.set_capacity(1);
+        for b in held {
+            pool.release(Some(b));
+        }
+        pool.set_capacity(5);
+        let held = take(5);
+        assert!(held.iter().all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
+        pool.set_capacity(1);
+        for b in held {
+            pool.release(Some(b));
+        }
+        pool.set_capacity(5);
+        let held = take(5);
+        assert!(held.iter().all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
+        assert_eq!(made.load(Ordering::Relaxed), 5, "no buffer freed and made again");
+        assert_eq!(pool.pinned(), 5);
     }
 }

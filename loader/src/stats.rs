@@ -14,6 +14,9 @@ pub(crate) struct Counters {
     transform_ns: AtomicU64,
     decoded_bytes: AtomicU64,
     upload_ns: AtomicU64,
+    copy_ns: AtomicU64,
+    copies: AtomicU64,
+    copy_bytes: AtomicU64,
     batches_ready: AtomicU64,
     batches_delivered: AtomicU64,
     wait_ns: AtomicU64,
@@ -120,6 +123,26 @@ impl Counters {
         self.upload_ns.fetch_add(ns(upload), Relaxed);
     }
 
+    /// A host-to-device copy of `bytes` took `time` on the device (CUDA:
+    /// measured with events on the copy stream).
+    pub(crate) fn batch_copied(&self, time: Duration, bytes: u64) {
+        self.copies.fetch_add(1, Relaxed);
+        self.copy_ns.fetch_add(ns(time), Relaxed);
+        self.copy_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Upload time summed over the batches made ready: the upload thread's
+    /// own time, or the device copies' where those took longer.
+    fn upload_total(&self) -> u64 {
+        let host = self.upload_ns.load(Relaxed);
+        let copies = self.copies.load(Relaxed);
+        let copy = (self.copy_ns.load(Relaxed) as u128
+            * u128::from(self.batches_ready.load(Relaxed)))
+        .checked_div(u128::from(copies))
+        .unwrap_or(0);
+        host.max(copy.min(u128::from(u64::MAX)) as u64)
+    }
+
     pub(crate) fn batch_dropped(&self) {
         self.in_flight.fetch_sub(1, Relaxed);
     }
@@ -179,7 +202,7 @@ impl Counters {
         let work = self.read_ns.load(Relaxed)
             + self.decode_ns.load(Relaxed)
             + self.transform_ns.load(Relaxed);
-        let upload = self.upload_ns.load(Relaxed);
+        let upload = self.upload_total();
         // work / samples / workers < upload / samples
         work < upload.saturating_mul(workers as u64)
     }
@@ -234,8 +257,15 @@ impl Counters {
             per_sample(&self.decode_ns),
             per_sample(&self.transform_ns),
         );
-        let upload =
-            Duration::from_nanos(self.upload_ns.load(Relaxed).checked_div(ready).unwrap_or(0));
+        let upload = Duration::from_nanos(self.upload_total().checked_div(ready).unwrap_or(0));
+        let copies = self.copies.load(Relaxed);
+        let copy_ns = self.copy_ns.load(Relaxed);
+        let copy_per_batch = Duration::from_nanos(copy_ns.checked_div(copies).unwrap_or(0));
+        let copy_gbps = if copy_ns == 0 {
+            0.0
+        } else {
+            self.copy_bytes.load(Relaxed) as f64 / copy_ns as f64
+        };
         let batch = samples.checked_div(ready).unwrap_or(0) as f64;
         let stage_rates = StageRates {
             read: rate(read),
@@ -273,6 +303,9 @@ impl Counters {
             decode_per_sample: decode,
             transform_per_sample: transform,
             upload_per_batch: upload,
+            pinned_buffers: 0,
+            copy_per_batch,
+            copy_gbps,
             batches_in_flight: self.in_flight.load(Relaxed),
             consumer_wait: wait,
             consumer_wait_share: wait_share,
@@ -325,8 +358,18 @@ pub struct Stats {
     pub decode_per_sample: Duration,
     /// Mean time to crop, resize, flip and normalize a sample.
     pub transform_per_sample: Duration,
-    /// Mean time to turn a host batch into device tensors.
+    /// Mean time to turn a host batch into device tensors: the upload
+    /// thread's time, or on CUDA the device copy's where that is longer.
     pub upload_per_batch: Duration,
+    /// CUDA: page-locked host batch buffers the loader holds (allocated
+    /// once each, kept while AUTOTUNE tunes; zero elsewhere).
+    pub pinned_buffers: usize,
+    /// CUDA: mean device time of a batch's host-to-device copy, measured
+    /// with events on the loader's copy stream (zero elsewhere).
+    pub copy_per_batch: Duration,
+    /// CUDA: bytes copied host-to-device per nanosecond of copy time, i.e.
+    /// GB/s (zero elsewhere).
+    pub copy_gbps: f64,
     /// Batches being decoded or waiting for upload right now.
     pub batches_in_flight: u64,
     /// Total time the consumer spent blocked in `Epoch::next`, not counting

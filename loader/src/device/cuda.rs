@@ -1,124 +1,482 @@
-//! CUDA: page-locked batch buffers and a copy stream ahead of compute.
+//! CUDA: page-locked host batch buffers, a loader-owned ring of device
+//! staging slots, a copy stream ahead of compute, and the events of the
+//! protocol in [`super::ring`] (read its hazard table first).
 //!
-//! Each batch is copied host-to-device with `cuMemcpyHtoDAsync` on the
-//! loader's own non-blocking stream. cudarc records the pinned buffer's
-//! event after the copy; [`Pinned::as_mut_slice`] waits on that event, so a
-//! buffer is never written while its copy is in flight. The compute stream of
-//! the device the user passed (which may be a `new_cuda_with_stream` stream or
-//! the per-thread default stream of `new_cuda`) waits on an event recorded
-//! after the copy, and candle's event tracking orders every later use of the
-//! device slice, on any stream, after it.
+//! Why a ring and not a fresh device allocation per batch: a `CudaSlice`
+//! allocated on the copy stream is freed (`cuMemFreeAsync`) on the copy
+//! stream, while candle's ops read it on the compute stream through
+//! `slice_ptr` = `v.device_ptr(v.stream())`, which waits and records on the
+//! slice's own stream (candle-core 0.11.1 `cuda_backend/mod.rs`
+//! `slice_ptr`, `to_dtype`; cudarc 0.19.10 `driver/safe/core.rs`
+//! `Drop for CudaSlice`, `DevicePtr for CudaSlice`): nothing ordered the free
+//! after the read. The ring is allocated once (`cuMemAlloc`), only the
+//! protocol's events order its reuse, and the tensors the consumer gets are
+//! allocated on the compute stream, so candle's own rule (a tensor is freed
+//! on its stream, after the work queued there) holds for them.
+//!
+//! Why the consumer waits in `Epoch::next`: under `Device::new_cuda` the
+//! device's stream is `CU_STREAM_PER_THREAD` (handle `0x2`, cudarc
+//! `CudaContext::per_thread_stream`), which names a different stream on each
+//! host thread; a wait issued by the upload thread orders only the upload
+//! thread's stream. The consumer's thread must issue it.
+//!
+//! The loader's own copies and kernels on host buffers and ring slots use
+//! raw pointers (cudarc `result::memcpy_htod_async` and friends): cudarc's
+//! per-slice tracking is not relied on, so the events here are the whole
+//! argument and a test can remove each. The consumer's tensors are written
+//! through `device_ptr_mut`, so cudarc records their write as for any candle
+//! tensor.
 
-use crate::error::Result;
+use super::normalize::NormalizeU8;
+use super::ring::{Guard, Guards, Ring, Staged, Streams};
+use crate::error::{Error, Result};
 use crate::pool::HostBuf;
 use crate::transform::Output;
-use candle_core::cuda::cudarc::driver::{CudaStream, PinnedHostSlice, ValidAsZeroBits};
+use candle_core::cuda::cudarc::driver::{
+    result, sys, CudaEvent, CudaStream, DevicePtrMut, PinnedHostSlice, ValidAsZeroBits,
+};
 use candle_core::cuda::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Shape, Storage, Tensor};
-use std::sync::Arc;
+use candle_core::{CudaDevice, CudaStorage, DType, Shape, Storage, Tensor};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// A page-locked host buffer of `T`.
+/// A point in a stream's work, shared by the host buffer, the ring slot and
+/// the batch that need it.
+pub(crate) type Event = Arc<CudaEvent>;
+
+/// A page-locked host batch buffer of `T` with room for the batch's labels.
 #[derive(Debug)]
-pub(crate) struct Pinned<T>(PinnedHostSlice<T>);
+pub(crate) struct Pinned<T> {
+    images: PinnedHostSlice<T>,
+    labels: PinnedHostSlice<u32>,
+    /// Recorded on the copy stream after the last copy out of this buffer.
+    copied: Option<Event>,
+    guard: bool,
+}
 
 impl<T: ValidAsZeroBits> Pinned<T> {
     /// The elements, once the last copy out of the buffer has completed.
     pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        Ok(self.0.as_mut_slice().w()?)
+        self.wait_writable()?;
+        // cudarc's own event of the slice is never recorded after the
+        // allocation (the loader copies through raw pointers): no wait here.
+        Ok(self.images.as_mut_slice().w()?)
+    }
+
+    /// Blocks until the last copy out of the buffer has completed
+    /// ([`Guard::Pinned`]).
+    pub(crate) fn wait_writable(&mut self) -> Result<()> {
+        if let (true, Some(e)) = (self.guard, &self.copied) {
+            e.synchronize().w()?;
+        }
+        Ok(())
     }
 }
 
-/// Allocates `count` zeroed page-locked buffers of `elems` elements.
-pub(crate) fn pinned_buffers(
-    dev: &CudaDevice,
-    count: usize,
-    elems: usize,
-    output: Output,
-) -> Result<Vec<HostBuf>> {
-    let ctx = dev.cuda_stream().context().clone();
-    (0..count)
-        .map(|_| {
-            Ok(match output {
-                Output::U8Nhwc => {
-                    // SAFETY: flags 0 is plain page-locked memory (not write-
-                    // combined, so the CPU can also read it fast). The memory
-                    // is uninitialized; it is zeroed right below, before any
-                    // reference to it exists.
-                    let mut p = unsafe { ctx.alloc_pinned_with_flags::<u8>(elems, 0) }.w()?;
-                    let ptr = p.as_mut_ptr().w()?;
-                    // SAFETY: `ptr` points to `elems` u8 just allocated and not
-                    // yet shared; writing zero bytes initializes all of them.
-                    unsafe { std::ptr::write_bytes(ptr, 0, elems) };
-                    HostBuf::PinnedU8(Pinned(p))
-                }
-                Output::F32Nchw { .. } => {
-                    // SAFETY: as above, for f32 elements.
-                    let mut p = unsafe { ctx.alloc_pinned_with_flags::<f32>(elems, 0) }.w()?;
-                    let ptr = p.as_mut_ptr().w()?;
-                    // SAFETY: `ptr` points to `elems` f32 just allocated and not
-                    // yet shared; all-zero bits are 0.0.
-                    unsafe { std::ptr::write_bytes(ptr, 0, elems) };
-                    HostBuf::PinnedF32(Pinned(p))
-                }
-            })
-        })
-        .collect()
-}
-
-/// The loader's copy stream and the device it feeds.
-#[derive(Debug)]
-pub(crate) struct CudaUploader {
-    copy: Arc<CudaStream>,
-    dev: CudaDevice,
-}
-
-impl CudaUploader {
-    pub(crate) fn new(dev: &CudaDevice) -> Result<Self> {
-        let copy = dev.cuda_stream().context().new_stream().w()?;
-        Ok(Self {
-            copy,
-            dev: dev.clone(),
-        })
-    }
-
-    /// Copies a whole pinned buffer to a new device allocation and returns
-    /// its first `len` elements as a tensor of `shape`.
-    pub(crate) fn upload(&self, buf: &HostBuf, len: usize, shape: Shape) -> Result<Tensor> {
-        match buf {
-            HostBuf::PinnedU8(p) => self.copy_to_device(&p.0, len, shape),
-            HostBuf::PinnedF32(p) => self.copy_to_device(&p.0, len, shape),
-            _ => Err(crate::Error::InvalidConfig(
-                "the CUDA uploader needs pinned buffers".into(),
-            )),
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // cuMemFreeHost must not run under a copy still reading the buffer.
+        if let Some(e) = &self.copied {
+            let _ = e.synchronize();
         }
     }
+}
 
-    fn copy_to_device<T>(
+/// Allocates one zeroed page-locked `T` buffer of `elems` plus `labels` u32.
+fn pinned<T: candle_core::cuda::cudarc::driver::DeviceRepr + ValidAsZeroBits>(
+    dev: &CudaDevice,
+    elems: usize,
+    labels: usize,
+    guard: bool,
+) -> Result<Pinned<T>> {
+    let ctx = dev.cuda_stream().context().clone();
+    // SAFETY: flags 0 is plain page-locked memory (not write-combined, so
+    // the CPU can also read it fast). The memory is uninitialized; it is
+    // zeroed right below, before any reference to it exists.
+    let mut images = unsafe { ctx.alloc_pinned_with_flags::<T>(elems, 0) }.w()?;
+    // SAFETY: as above, for the labels.
+    let mut label_buf = unsafe { ctx.alloc_pinned_with_flags::<u32>(labels.max(1), 0) }.w()?;
+    let p = images.as_mut_ptr().w()?;
+    // SAFETY: `p` points to `elems` elements just allocated and not yet
+    // shared; all-zero bits are a valid `T` (`ValidAsZeroBits`).
+    unsafe { std::ptr::write_bytes(p, 0, elems) };
+    let l = label_buf.as_mut_ptr().w()?;
+    // SAFETY: as above, `labels.max(1)` u32.
+    unsafe { std::ptr::write_bytes(l, 0, labels.max(1)) };
+    Ok(Pinned {
+        images,
+        labels: label_buf,
+        copied: None,
+        guard,
+    })
+}
+
+/// Allocates one pinned host batch buffer for `output`: `elems` image
+/// elements and room for `labels` labels.
+pub(crate) fn pinned_buffer(
+    dev: &CudaDevice,
+    elems: usize,
+    labels: usize,
+    output: Output,
+    guards: Guards,
+) -> Result<HostBuf> {
+    let guard = guards.on(Guard::Pinned);
+    Ok(match output {
+        Output::U8Nhwc => HostBuf::PinnedU8(pinned::<u8>(dev, elems, labels, guard)?),
+        Output::F32Nchw { .. } => HostBuf::PinnedF32(pinned::<f32>(dev, elems, labels, guard)?),
+    })
+}
+
+/// A ring slot: device memory for one batch's images (bytes) and labels.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    images: u64,
+    labels: u64,
+}
+
+/// A host buffer as the copy sees it: raw addresses and sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostRef {
+    images: *const u8,
+    image_bytes: usize,
+    labels: *const u32,
+    label_count: usize,
+}
+
+/// What L does with a staged batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Finish {
+    /// Copy the host's u8 NHWC or f32 NCHW, then cast to `dtype` if needed.
+    Copy { dtype: DType },
+    /// The fused normalize of u8 NHWC.
+    Normalize(NormalizeU8),
+}
+
+/// One batch: `n` samples, the images' shape on the host.
+#[derive(Debug)]
+pub(crate) struct Job {
+    n: usize,
+    shape: Shape,
+    elem: usize,
+}
+
+/// The protocol's streams on a CUDA device.
+#[derive(Debug)]
+pub(crate) struct CudaStreams {
+    copy: Arc<CudaStream>,
+    dev: CudaDevice,
+    finish: Finish,
+    /// The copy's start, recorded by `copy_in`, paired with `copied`.
+    copy_start: Mutex<Option<CudaEvent>>,
+}
+
+impl CudaStreams {
+    fn bind(&self) -> Result<()> {
+        Ok(self.copy.context().bind_to_thread().w()?)
+    }
+
+    /// L: the device's stream as this (the upload) thread sees it.
+    fn compute(&self) -> Arc<CudaStream> {
+        self.dev.cuda_stream()
+    }
+
+    /// A tensor over `n` elements of a fresh allocation on L, written from
+    /// `src` (device address) by a copy on L.
+    fn copied<T: CudaDType + candle_core::cuda::cudarc::driver::DeviceRepr>(
         &self,
-        host: &PinnedHostSlice<T>,
-        len: usize,
+        src: u64,
+        n: usize,
         shape: Shape,
-    ) -> Result<Tensor>
-    where
-        T: CudaDType + candle_core::cuda::cudarc::driver::DeviceRepr,
-    {
-        // SAFETY: the allocation is fully written by the copy below, which is
-        // ordered before any other use of it on the copy stream and, through
-        // the event and candle's event tracking, on every other stream.
-        let mut dst = unsafe { self.copy.alloc::<T>(host.len()) }.w()?;
-        // Copying the whole buffer (not a sub-slice) makes cudarc record the
-        // pinned buffer's own event, which guards its reuse.
-        self.copy.memcpy_htod(host, &mut dst).w()?;
-        let copied = self.copy.record_event(None).w()?;
-        self.dev.cuda_stream().wait(&copied).w()?;
-        let storage = CudaStorage::wrap_cuda_slice(dst, self.dev.clone());
-        let flat = Tensor::from_storage(
+    ) -> Result<Tensor> {
+        let stream = self.compute();
+        // SAFETY: the copy below writes all `n` elements, as the first work
+        // on the slice on the stream it was allocated on.
+        let mut out = unsafe { self.dev.alloc::<T>(n) }?;
+        {
+            let (dst, _write) = out.device_ptr_mut(&stream);
+            // SAFETY: `src` is a ring slot holding at least `n` elements of
+            // `T` (written by the copy L waited for), `dst` is `n` elements;
+            // both live past the copy (the slot until `drain`, `out` as long
+            // as the tensor; a free is stream-ordered after it).
+            unsafe {
+                result::memcpy_dtod_async(dst, src, n * std::mem::size_of::<T>(), stream.cu_stream())
+            }
+            .w()?;
+        }
+        let storage = CudaStorage::wrap_cuda_slice(out, self.dev.clone());
+        Ok(Tensor::from_storage(
             Storage::Cuda(storage),
-            host.len(),
+            shape,
             BackpropOp::none(),
             false,
-        );
-        Ok(flat.narrow(0, 0, len)?.reshape(shape)?)
+        ))
+    }
+}
+
+impl Streams for CudaStreams {
+    type Event = Event;
+    type Host = HostRef;
+    type Slot = Slot;
+    type Job = Job;
+    type Out = (Tensor, Tensor);
+
+    fn copy_wait(&self, e: &Event) -> Result<()> {
+        Ok(self.copy.wait(e).w()?)
+    }
+
+    fn copy_in(&self, host: &HostRef, slot: &Slot, _: &Job) -> Result<()> {
+        let ctx = self.copy.context();
+        let start = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .w()?;
+        start.record(&self.copy).w()?;
+        self.bind()?;
+        let c = self.copy.cu_stream();
+        // SAFETY: `host` points into a live pinned buffer (it is freed only
+        // after its `copied` event, recorded right after these copies, has
+        // completed) and the slot holds at least as many bytes (both sized
+        // for a full batch); the copy stream waited for the slot's last
+        // read (`consumed`) before this.
+        unsafe {
+            let images = std::slice::from_raw_parts(host.images, host.image_bytes);
+            result::memcpy_htod_async(slot.images, images, c).w()?;
+            let labels = std::slice::from_raw_parts(host.labels, host.label_count);
+            result::memcpy_htod_async(slot.labels, labels, c).w()?;
+        }
+        *crate::lock(&self.copy_start) = Some(start);
+        Ok(())
+    }
+
+    fn copy_record(&self) -> Result<Event> {
+        // Blocking sync: the feeder sleeps on it instead of spinning. Timing
+        // stays on: it ends the copy's measured span.
+        let e = self
+            .copy
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .w()?;
+        Ok(Arc::new(e))
+    }
+
+    fn compute_wait(&self, e: &Event) -> Result<()> {
+        Ok(self.compute().wait(e).w()?)
+    }
+
+    fn finish(&self, slot: &Slot, job: &Job) -> Result<(Tensor, Tensor)> {
+        let len = job.shape.elem_count();
+        let images = match self.finish {
+            Finish::Copy { dtype } => {
+                let t = match job.elem {
+                    1 => self.copied::<u8>(slot.images, len, job.shape.clone())?,
+                    _ => self.copied::<f32>(slot.images, len, job.shape.clone())?,
+                };
+                // candle's cast reads `t` on t's own stream, which is L.
+                if t.dtype() == dtype {
+                    t
+                } else {
+                    t.to_dtype(dtype)?
+                }
+            }
+            Finish::Normalize(op) => {
+                let (n, h, w) = match job.shape.dims() {
+                    &[n, h, w, _] => (n, h, w),
+                    d => {
+                        return Err(Error::InvalidConfig(format!(
+                            "device normalize needs u8 [n, h, w, 3] batches, got {d:?}"
+                        )))
+                    }
+                };
+                let storage =
+                    super::normalize::cuda::launch(&self.dev, &op, slot.images, n, h * w)?;
+                Tensor::from_storage(
+                    Storage::Cuda(storage),
+                    (n, 3, h, w),
+                    BackpropOp::none(),
+                    false,
+                )
+            }
+        };
+        let labels = self.copied::<u32>(slot.labels, job.n, job.n.into())?;
+        Ok((images, labels))
+    }
+
+    fn compute_record(&self) -> Result<Event> {
+        Ok(Arc::new(self.compute().record_event(None).w()?))
+    }
+
+    fn host_wait(&self, e: &Event) -> Result<()> {
+        Ok(e.synchronize().w()?)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.copy.synchronize().w()?;
+        Ok(self.compute().synchronize().w()?)
+    }
+}
+
+/// Copy spans waiting for their events, and the finished totals.
+#[derive(Debug, Default)]
+struct Timings {
+    pending: VecDeque<(CudaEvent, Event, u64)>,
+}
+
+/// The loader's copy stream, staging ring and the device it feeds.
+#[derive(Debug)]
+pub(crate) struct CudaUploader {
+    streams: CudaStreams,
+    ring: Mutex<Ring<CudaStreams>>,
+    timings: Mutex<Timings>,
+    guards: Guards,
+}
+
+/// Ring slots: two let the copy of batch k+1 run while L reads batch k; a
+/// third keeps the copy stream from waiting when L is briefly behind.
+const RING: usize = 3;
+
+impl CudaUploader {
+    /// The copy stream (its creation puts the context in multi-stream mode
+    /// and synchronizes it once) and the ring, for batches of up to
+    /// `image_bytes` bytes and `labels` labels.
+    pub(crate) fn new(
+        dev: &CudaDevice,
+        image_bytes: usize,
+        labels: usize,
+        finish: Finish,
+        guards: Guards,
+    ) -> Result<Self> {
+        let copy = dev.cuda_stream().context().new_stream().w()?;
+        copy.context().bind_to_thread().w()?;
+        let mut slots = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            // SAFETY: plain device allocations, freed in `Drop` after the
+            // ring has drained; never read before the copy that fills them.
+            let (images, labels) = unsafe {
+                (
+                    result::malloc_sync(image_bytes.max(1)).w()?,
+                    result::malloc_sync(4 * labels.max(1)).w()?,
+                )
+            };
+            slots.push(Slot { images, labels });
+        }
+        let streams = CudaStreams {
+            copy,
+            dev: dev.clone(),
+            finish,
+            copy_start: Mutex::new(None),
+        };
+        Ok(Self {
+            ring: Mutex::new(Ring::new(slots, guards)),
+            streams,
+            timings: Mutex::default(),
+            guards,
+        })
+    }
+
+    /// The guards in force (all but a test's removed one).
+    pub(crate) fn guards(&self) -> Guards {
+        self.guards
+    }
+
+    /// Stages a filled pinned buffer: its labels are written next to the
+    /// images, both are copied on the copy stream and finished on L. The
+    /// buffer keeps its `copied` event, the batch its `ready` event.
+    pub(crate) fn upload(
+        &self,
+        buf: &mut HostBuf,
+        labels: &[u32],
+        shape: Shape,
+    ) -> Result<(Tensor, Tensor, Event)> {
+        let (host, elem) = match buf {
+            HostBuf::PinnedU8(p) => (host_ref(p, labels, shape.elem_count())?, 1),
+            HostBuf::PinnedF32(p) => (host_ref(p, labels, shape.elem_count())?, 4),
+            _ => {
+                return Err(Error::InvalidConfig(
+                    "the CUDA uploader needs pinned buffers".into(),
+                ))
+            }
+        };
+        let job = Job {
+            n: labels.len(),
+            shape,
+            elem,
+        };
+        let Staged {
+            out: (images, label_tensor),
+            copied,
+            ready,
+        } = crate::lock(&self.ring).upload(&self.streams, &host, &job)?;
+        let start = crate::lock(&self.streams.copy_start).take();
+        match buf {
+            HostBuf::PinnedU8(p) => p.copied = Some(copied.clone()),
+            HostBuf::PinnedF32(p) => p.copied = Some(copied.clone()),
+            _ => {}
+        }
+        if let Some(start) = start {
+            let bytes = (host.image_bytes + 4 * host.label_count) as u64;
+            crate::lock(&self.timings)
+                .pending
+                .push_back((start, copied, bytes));
+        }
+        Ok((images, label_tensor, ready))
+    }
+
+    /// The copies that have completed since the last call: their total
+    /// device time and bytes, measured by the copy stream's events.
+    pub(crate) fn finished_copies(&self) -> Vec<(Duration, u64)> {
+        let mut t = crate::lock(&self.timings);
+        let mut done = Vec::new();
+        while let Some((start, end, _)) = t.pending.front() {
+            if !end.is_complete() {
+                break;
+            }
+            let ms = start.elapsed_ms(end).unwrap_or(0.0);
+            let (_, _, bytes) = t.pending.pop_front().expect("front exists");
+            done.push((Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3), bytes));
+        }
+        done
+    }
+}
+
+/// Writes the labels into `p`'s label region and returns the copy's view
+/// of the first `len` image elements and the labels.
+fn host_ref<T: ValidAsZeroBits>(p: &mut Pinned<T>, labels: &[u32], len: usize) -> Result<HostRef> {
+    p.wait_writable()?;
+    let room = p.labels.as_mut_slice().w()?;
+    let room = room.get_mut(..labels.len()).ok_or_else(|| {
+        Error::InvalidConfig(format!("{} labels for a batch of {}", labels.len(), room.len()))
+    })?;
+    room.copy_from_slice(labels);
+    let images = p.images.as_mut_slice().w()?;
+    if len > images.len() {
+        return Err(Error::InvalidConfig(format!(
+            "batch of {len} elements in a buffer of {}",
+            images.len()
+        )));
+    }
+    Ok(HostRef {
+        images: images.as_ptr().cast(),
+        image_bytes: len * std::mem::size_of::<T>(),
+        labels: p.labels.as_mut_slice().w()?.as_ptr(),
+        label_count: labels.len(),
+    })
+}
+
+impl Drop for CudaUploader {
+    fn drop(&mut self) {
+        let ring = self.ring.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Frees only after every read of the slots has completed; if the
+        // context is broken the memory is leaked rather than freed under a
+        // copy.
+        if ring.drain(&self.streams).is_ok() && self.streams.bind().is_ok() {
+            for slot in ring.slots() {
+                // SAFETY: allocated by `malloc_sync` in `new`, freed once,
+                // after every copy and read of the ring has completed.
+                unsafe {
+                    let _ = result::free_sync(slot.images);
+                    let _ = result::free_sync(slot.labels);
+                }
+            }
+        }
     }
 }

@@ -1,119 +1,346 @@
 //! The uploader's one device-specific step: a finished host batch becomes
-//! device tensors.
+//! device tensors, converted and normalized as the loader's output asks.
 //!
 //! This is the single place where backends differ.
 //! - CPU: the host buffer *becomes* the tensor's storage (no copy); only its
-//!   pool permit is returned.
-//! - CUDA (feature `cuda`): the pool's buffers are page-locked; each batch is
-//!   copied asynchronously on the loader's own copy stream, the device's
-//!   compute stream waits on the copy's event, and the buffer is written
-//!   again only after that copy completed (see [`cuda`]).
+//!   pool permit is returned. Device normalization, if asked for, is the
+//!   fused [`normalize`] op's CPU implementation.
+//! - CUDA (feature `cuda`): page-locked host buffers, a loader-owned staging
+//!   ring, a copy stream and the events of [`ring`]; the batch carries a
+//!   `ready` event the consumer's stream waits on ([`Ready`]).
 //! - Metal and anything else: `Tensor::from_slice` copies the host buffer
-//!   into device memory (unified memory on Apple silicon, so one CPU copy)
-//!   and the buffer goes back to the pool at once.
+//!   into device memory and the buffer goes back to the pool at once.
+//!
+//! # Metal, audited against candle-core 0.11.1 (not compiled here: no macOS)
+//! - Host buffer reuse: `from_slice` / `from_vec` end in
+//!   `MetalDevice::new_buffer_with_data` → `newBufferWithBytes:length:options:`
+//!   (candle-metal-kernels `metal/device.rs`), a synchronous CPU copy into a
+//!   fresh shared buffer: the pool buffer may be rewritten as soon as it
+//!   returns.
+//! - Consumer after the upload thread: one command queue and one current
+//!   command buffer per device, every encode under one mutex
+//!   (candle-metal-kernels `metal/commands.rs` `Commands::command_encoder`),
+//!   buffers untracked by Metal but ordered by candle's barriers and fences
+//!   by buffer (`encoder.rs` `auto_barrier`, `commands.rs` `end_encoding`).
+//!   The batch is sent after its ops are encoded, so the consumer's ops are
+//!   encoded, and run, after them, from any thread.
+//! - Device buffer reuse: candle's pool hands out a buffer whose `Arc` count
+//!   is 1 at once, ordered after its earlier readers by the same barriers and
+//!   fences; command buffers retain what they use.
+//! - What the loader must not do: `device.synchronize()` on the upload
+//!   thread (`Commands::flush_and_wait` clears the fence map, which can drop
+//!   fences the consumer's encoders need), so it never does.
+//! - Not fused on Metal: device normalization there is candle's cast,
+//!   permute and broadcasts (no `metal_fwd` for the fused op yet).
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub(crate) mod normalize;
 // The protocol only CUDA drives; its model tests run everywhere.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) mod ring;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pool::HostBuf;
 use crate::transform::Output;
-use candle_core::{Device, Shape, Tensor};
+use candle_core::{DType, Device, Shape, Tensor};
+use normalize::NormalizeU8;
+pub(crate) use ring::{Guard, Guards};
 
-/// Images and labels of a batch on its device, plus the host buffer when it
-/// can go back to the pool.
+/// Where the `u8 -> f32` conversion, NCHW permutation and normalization of
+/// [`Output::F32Nchw`] happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormalizeAt {
+    /// On the device for GPUs, on the host for the CPU.
+    #[default]
+    Auto,
+    /// The decode workers write normalized `f32` NCHW; `f32` is uploaded.
+    Host,
+    /// The workers write `u8` NHWC, which is uploaded and normalized on the
+    /// device in one fused pass (as FFCV and DALI do), with the same bits as
+    /// the host's normalization.
+    Device,
+}
+
+/// What becomes of the images after they reach the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Finish {
+    /// The fused normalize of uploaded u8, or `None` when the host already
+    /// wrote the output's values.
+    pub(crate) normalize: Option<NormalizeU8>,
+    /// The images' final element type.
+    pub(crate) dtype: DType,
+}
+
+impl Finish {
+    /// Validates the output settings and picks where to normalize.
+    pub(crate) fn new(
+        output: Output,
+        at: NormalizeAt,
+        dtype: Option<DType>,
+        device: &Device,
+    ) -> Result<Self> {
+        let Output::F32Nchw { mean, std } = output else {
+            return match dtype {
+                None | Some(DType::U8) => Ok(Self {
+                    normalize: None,
+                    dtype: DType::U8,
+                }),
+                Some(d) => Err(Error::InvalidConfig(format!(
+                    "dtype {d:?} needs Output::F32Nchw; u8 NHWC output is always u8"
+                ))),
+            };
+        };
+        let dtype = dtype.unwrap_or(DType::F32);
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::InvalidConfig(format!(
+                "dtype {dtype:?} is not a float type: use F32, BF16 or F16"
+            )));
+        }
+        if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+            return Err(Error::InvalidConfig(format!(
+                "normalize std must be non-zero, got {std:?}"
+            )));
+        }
+        let on_device = match at {
+            NormalizeAt::Auto => !device.is_cpu(),
+            NormalizeAt::Host => false,
+            NormalizeAt::Device => true,
+        };
+        Ok(Self {
+            normalize: on_device.then(|| NormalizeU8::new(mean, std, dtype)),
+            dtype,
+        })
+    }
+
+    /// What the decode workers write: u8 when the device normalizes.
+    pub(crate) fn host_output(&self, output: Output) -> Output {
+        if self.normalize.is_some() {
+            Output::U8Nhwc
+        } else {
+            output
+        }
+    }
+
+    /// Converts images already on the device (CPU, Metal).
+    fn apply(&self, images: Tensor) -> Result<Tensor> {
+        let images = match &self.normalize {
+            Some(op) if images.device().is_metal() => {
+                // No Metal kernel for the fused op: candle's ops, the cast
+                // first so the broadcasts run on contiguous NCHW.
+                let (scale, bias) = (
+                    Tensor::from_slice(&op.scale, (1, 3, 1, 1), images.device())?,
+                    Tensor::from_slice(&op.bias, (1, 3, 1, 1), images.device())?,
+                );
+                images
+                    .permute((0, 3, 1, 2))?
+                    .to_dtype(DType::F32)?
+                    .broadcast_mul(&scale)?
+                    .broadcast_add(&bias)?
+                    .to_dtype(op.dtype)?
+            }
+            Some(op) => op.apply(&images)?,
+            None => images,
+        };
+        Ok(if images.dtype() == self.dtype {
+            images
+        } else {
+            images.to_dtype(self.dtype)?
+        })
+    }
+}
+
+/// The point after the loader's last write to a batch on the device, which
+/// the consumer's stream waits on before using it. Nothing on CPU and Metal
+/// (their work is ordered by the device itself).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ready {
+    #[cfg(feature = "cuda")]
+    cuda: Option<(cuda::Event, candle_core::CudaDevice)>,
+}
+
+impl Ready {
+    /// Makes the calling thread's stream of the device wait for the batch
+    /// (under `Device::new_cuda` each thread has its own stream).
+    pub(crate) fn wait_on_current_stream(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some((e, dev)) = &self.cuda {
+            use candle_core::cuda::WrapErr;
+            dev.cuda_stream().wait(e).w()?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until the loader's writes to the batch have completed.
+    pub(crate) fn host_wait(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some((e, _)) = &self.cuda {
+            use candle_core::cuda::WrapErr;
+            e.synchronize().w()?;
+        }
+        Ok(())
+    }
+}
+
+/// Images and labels of a batch on its device, the host buffer when it can
+/// go back to the pool, and the batch's ready point.
 pub(crate) struct Uploaded {
     pub(crate) images: Tensor,
     pub(crate) labels: Tensor,
     pub(crate) reusable: Option<HostBuf>,
+    pub(crate) ready: Ready,
 }
 
-/// Page-locked batch buffers for `device` when it is a CUDA device (none
-/// otherwise: the pool then allocates ordinary memory as needed).
-pub(crate) fn pinned_buffers(
+/// The allocator of page-locked host batch buffers for `device`: CUDA's, or
+/// `None` where the pool's ordinary memory does.
+pub(crate) fn pinned_alloc(
     device: &Device,
-    count: usize,
-    elems: usize,
-    output: Output,
-) -> Result<Vec<HostBuf>> {
+    geo: Geometry,
+    guards: Guards,
+) -> Option<crate::pool::PinnedAlloc> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
-        return cuda::pinned_buffers(dev, count, elems, output);
+        let dev = dev.clone();
+        return Some(Box::new(move || {
+            cuda::pinned_buffer(&dev, geo.elems(), geo.batch, geo.host_output, guards)
+        }));
     }
-    let _ = (device, count, elems, output);
-    Ok(Vec::new())
+    let _ = (device, geo, guards);
+    None
 }
 
-/// Per-loader upload state: the CUDA copy stream, or nothing.
+/// Per-loader upload state: the CUDA copy stream and ring, or nothing.
 #[derive(Debug)]
 pub(crate) enum Uploader {
-    Plain,
+    Plain(Finish),
     #[cfg(feature = "cuda")]
-    Cuda(cuda::CudaUploader),
+    Cuda(Box<cuda::CudaUploader>),
+}
+
+/// One batch's geometry: `batch` samples of `height x width`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) batch: usize,
+    pub(crate) height: usize,
+    pub(crate) width: usize,
+    /// What the decode workers write.
+    pub(crate) host_output: Output,
+}
+
+impl Geometry {
+    fn shape(&self, n: usize) -> Shape {
+        match self.host_output {
+            Output::U8Nhwc => (n, self.height, self.width, 3).into(),
+            Output::F32Nchw { .. } => (n, 3, self.height, self.width).into(),
+        }
+    }
+
+    /// Image elements of a full batch.
+    pub(crate) fn elems(&self) -> usize {
+        self.batch * self.height * self.width * 3
+    }
 }
 
 impl Uploader {
-    pub(crate) fn new(device: &Device) -> Result<Self> {
+    pub(crate) fn new(device: &Device, finish: Finish, geo: Geometry, guards: Guards) -> Result<Self> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
-            return Ok(Uploader::Cuda(cuda::CudaUploader::new(dev)?));
+            let elem = match geo.host_output {
+                Output::U8Nhwc => 1,
+                Output::F32Nchw { .. } => 4,
+            };
+            let cuda_finish = match finish.normalize {
+                Some(op) => cuda::Finish::Normalize(op),
+                None => cuda::Finish::Copy {
+                    dtype: finish.dtype,
+                },
+            };
+            return Ok(Uploader::Cuda(Box::new(cuda::CudaUploader::new(
+                dev,
+                geo.elems() * elem,
+                geo.batch,
+                cuda_finish,
+                guards,
+            )?)));
         }
-        let _ = device;
-        Ok(Uploader::Plain)
+        let _ = (device, geo, guards);
+        Ok(Uploader::Plain(finish))
     }
 
-    /// Makes the tensors of a batch of `n` images of `height x width`.
+    /// Whether a delivered batch's `ready` wait and an undelivered one's
+    /// host wait are in force.
+    pub(crate) fn guards(&self) -> Guards {
+        match self {
+            Uploader::Plain(_) => Guards::default(),
+            #[cfg(feature = "cuda")]
+            Uploader::Cuda(up) => up.guards(),
+        }
+    }
+
+    /// Makes the tensors of a batch of `labels.len()` samples.
     pub(crate) fn upload(
         &self,
         device: &Device,
         buf: HostBuf,
         labels: Vec<u32>,
-        n: usize,
-        (height, width): (usize, usize),
-        output: Output,
+        geo: Geometry,
     ) -> Result<Uploaded> {
-        let shape: Shape = match output {
-            Output::U8Nhwc => (n, height, width, 3).into(),
-            Output::F32Nchw { .. } => (n, 3, height, width).into(),
-        };
+        let n = labels.len();
+        let shape = geo.shape(n);
         let len = shape.elem_count();
-        let label_count = labels.len();
-        let labels = Tensor::from_vec(labels, label_count, device)?;
-        let (images, reusable) = match (self, buf) {
-            (_, HostBuf::U8(mut v)) if device.is_cpu() => {
-                v.truncate(len);
-                (Tensor::from_vec(v, shape, device)?, None)
-            }
-            (_, HostBuf::F32(mut v)) if device.is_cpu() => {
-                v.truncate(len);
-                (Tensor::from_vec(v, shape, device)?, None)
-            }
-            #[cfg(feature = "cuda")]
-            (Uploader::Cuda(up), buf @ (HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_))) => {
-                let images = up.upload(&buf, len, shape)?;
-                (images, Some(buf))
-            }
-            (_, buf) => {
-                let images = match &buf {
-                    HostBuf::U8(v) => Tensor::from_slice(&v[..len], shape, device)?,
-                    HostBuf::F32(v) => Tensor::from_slice(&v[..len], shape, device)?,
+        match (self, buf) {
+            (Uploader::Plain(finish), buf) => {
+                let labels = Tensor::from_vec(labels, n, device)?;
+                let (images, reusable) = match buf {
+                    HostBuf::U8(mut v) if device.is_cpu() => {
+                        v.truncate(len);
+                        (Tensor::from_vec(v, shape, device)?, None)
+                    }
+                    HostBuf::F32(mut v) if device.is_cpu() => {
+                        v.truncate(len);
+                        (Tensor::from_vec(v, shape, device)?, None)
+                    }
+                    HostBuf::U8(v) => (Tensor::from_slice(&v[..len], shape, device)?, Some(HostBuf::U8(v))),
+                    HostBuf::F32(v) => (Tensor::from_slice(&v[..len], shape, device)?, Some(HostBuf::F32(v))),
                     #[cfg(feature = "cuda")]
                     HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_) => {
-                        return Err(crate::Error::InvalidConfig(
+                        return Err(Error::InvalidConfig(
                             "pinned buffers need the CUDA uploader".into(),
                         ))
                     }
                 };
-                (images, Some(buf))
+                Ok(Uploaded {
+                    images: finish.apply(images)?,
+                    labels,
+                    reusable,
+                    ready: Ready::default(),
+                })
             }
-        };
-        Ok(Uploaded {
-            images,
-            labels,
-            reusable,
-        })
+            #[cfg(feature = "cuda")]
+            (Uploader::Cuda(up), mut buf) => {
+                let (images, labels, event) = up.upload(&mut buf, &labels, shape)?;
+                let Device::Cuda(dev) = device else {
+                    return Err(Error::InvalidConfig("the CUDA uploader needs a CUDA device".into()));
+                };
+                Ok(Uploaded {
+                    images,
+                    labels,
+                    reusable: Some(buf),
+                    ready: Ready {
+                        cuda: Some((event, dev.clone())),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Device copy time and bytes of the copies completed since the last
+    /// call (CUDA: measured with events on the copy stream).
+    pub(crate) fn finished_copies(&self) -> Vec<(std::time::Duration, u64)> {
+        match self {
+            Uploader::Plain(_) => Vec::new(),
+            #[cfg(feature = "cuda")]
+            Uploader::Cuda(up) => up.finished_copies(),
+        }
     }
 }
