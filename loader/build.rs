@@ -12,12 +12,18 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("normalize.ptx");
+    let out =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("normalize.ptx");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "75".into());
     let cap = cap.trim().replace('.', "");
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let status = Command::new(&nvcc)
-        .args(["--ptx", "-O3", &format!("--gpu-architecture=compute_{cap}"), "-o"])
+        .args([
+            "--ptx",
+            "-O3",
+            &format!("--gpu-architecture=compute_{cap}"),
+            "-o",
+        ])
         .arg(&out)
         .arg("src/device/normalize.cu")
         .status();

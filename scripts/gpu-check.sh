@@ -9,13 +9,17 @@
 # build: nvcc 13.0 from PyPI wheels (scripts/nvcc-env.sh), CUDA libraries
 # linked against stubs with the real sonames (shared/gpu/make-stubs.sh); the
 # binaries load the real libcuda/cudart/cublas/curand/nvrtc at run time.
-# run: (a) the CUDA integration tests (GPU batches == CPU batches bit for
-# bit; pinned buffers not reused before their copy completes, prefetch 1 and a
-# slow consumer; device normalization); (b) H2D bandwidth: pageable
-# Tensor::from_slice vs pinned peak vs the loader's upload stage; (c) the
-# training example for a fixed number of steps on a larger model (ResNet-56,
-# width 32, at 128x128) over ImageNet-like JPEGs: images/s, data-wait share,
-# step time.
+# run: (a) the CUDA integration tests (tests/tests/cuda.rs: every output on
+# both device kinds equal to the CPU bit for bit through consumer-side ops;
+# large batches under a consumer queuing ~20 ms of GPU work per batch;
+# AUTOTUNE resizing the pinned pool; skipped samples, dropped epochs, held
+# batches); (b) the mutation check: the large-batch test once per ordering
+# guard removed (WICK_SKIP_GUARD), each must fail; (c) compute-sanitizer
+# memcheck over the small tests, where the machine has it; (d) H2D
+# bandwidth: pageable vs pinned peak vs the loader's copies timed with
+# copy-stream events; (e) training on the built-in shapes dataset (a
+# learnable signal: corrupted batches would show as accuracy), printing the
+# validation accuracy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu-check
@@ -62,14 +66,32 @@ run)
       [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
     done
   done
+  status=0
   echo "== (a) CUDA integration tests"
-  "$out/cuda-tests" --test-threads 1
-  echo "== (b) H2D bandwidth"
+  "$out/cuda-tests" --test-threads 1 --nocapture || status=1
+  echo "== (b) mutation check: each guard removed must fail the large-batch test"
+  for g in Pinned Staged Consumed Ready Undelivered; do
+    if WICK_SKIP_GUARD=$g "$out/cuda-tests" --test-threads 1 large_batches >"$out/mutant-$g.log" 2>&1; then
+      echo "mutant $g: NOT caught (the test passed without the guard)"
+    else
+      echo "mutant $g: caught: $(grep -m1 -o 'batches \[.*differ' "$out/mutant-$g.log" || tail -n 3 "$out/mutant-$g.log" | head -n 1)"
+    fi
+  done
+  echo "== (c) compute-sanitizer memcheck"
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1 || true)
+  if [ -n "$cs" ]; then
+    "$cs" --tool memcheck --error-exitcode 3 "$out/cuda-tests" --test-threads 1 \
+      every_output skipped_samples 2>&1 | tail -n 15 || status=1
+  else
+    echo "compute-sanitizer: not on this machine, skipped"
+  fi
+  echo "== (d) H2D bandwidth"
   data=$("$out/make-dataset" 2000 "$PWD/target/gpu-data")
-  "$out/h2d" "$data"
-  echo "== (c) training: ResNet-56 width 32 at 128x128, 60 steps per epoch, 2 epochs"
-  "$out/train-example" --data "$data" --depth 56 --width 32 --image-size 128 \
-    --batch-size 128 --steps 60 --epochs 2 --workers 0 --prefetch 3
+  "$out/h2d" "$data" || status=1
+  echo "== (e) training on the built-in shapes dataset (learnable), ResNet-20 width 32"
+  "$out/train-example" --depth 20 --width 32 --image-size 40 --batch-size 128 \
+    --epochs 6 --workers 0 --prefetch 3 || status=1
+  exit $status
   ;;
 *)
   echo "usage: $0 build|run" >&2

@@ -13,6 +13,7 @@
 
 use crate::autotune::{Auto, Knobs, TuneStep, Tuner, MAX_QUEUE};
 use crate::cache::{Cache, CacheMode};
+use crate::device::{Finish, Geometry, Guard, Guards, NormalizeAt, Ready};
 use crate::error::{Error, Result};
 use crate::pool::{HostBuf, Pool};
 use crate::sampler::{Plan, Sampler};
@@ -20,7 +21,6 @@ use crate::source::{Record, Source};
 use crate::stats::{Counters, Stats};
 use crate::stream::{Interleave, StreamPlanner, Streamed};
 use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_UPLOAD};
-use crate::device::{Finish, Geometry, Guard, Guards, NormalizeAt, Ready};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -410,8 +410,11 @@ impl LoaderBuilder {
             max_workers,
             // Pinned buffers hold the labels too.
             batch_bytes: (self.batch_size * transform.slot_len() * elem
-                + if self.device.is_cuda() { 4 * self.batch_size } else { 0 })
-                as u64,
+                + if self.device.is_cuda() {
+                    4 * self.batch_size
+                } else {
+                    0
+                }) as u64,
             pinned: self.device.is_cuda(),
             in_flight_high: in_flight.into(),
             budget: self
@@ -419,11 +422,16 @@ impl LoaderBuilder {
                 .unwrap_or_else(crate::autotune::default_budget),
         };
         if !knobs.fits(in_flight, prefetch, 0, 0) {
+            let held = if knobs.pinned {
+                format!("{in_flight} page-locked, in flight")
+            } else {
+                format!("{in_flight} in flight, {prefetch} prefetched, one uploading, one held")
+            };
             return Err(Error::InvalidConfig(format!(
-                "ram_budget of {} bytes cannot hold {} batches of {} bytes ({in_flight} in flight, \
-                 {prefetch} prefetched, one uploading, one held): raise it or lower batch_size",
+                "ram_budget of {} bytes cannot hold {} batches of {} bytes ({held}): raise it or \
+                 lower batch_size",
                 knobs.budget,
-                in_flight + prefetch + 2,
+                knobs.memory(in_flight, prefetch, 0, 0) / knobs.batch_bytes.max(1),
                 knobs.batch_bytes
             )));
         }
@@ -806,6 +814,9 @@ impl Loader {
 
     /// Counters summed over every epoch run so far.
     pub fn stats(&self) -> Stats {
+        for (time, bytes) in self.shared.uploader.finished_copies() {
+            self.shared.counters.batch_copied(time, bytes);
+        }
         let mut stats = self.shared.counters.snapshot();
         stats.pinned_buffers = self.shared.pool.pinned();
         stats

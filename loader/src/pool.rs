@@ -165,7 +165,9 @@ impl Pool {
         pinned: Option<PinnedAlloc>,
     ) -> Result<Self> {
         let free = match &pinned {
-            Some(alloc) => (0..capacity.max(1)).map(|_| alloc()).collect::<Result<_>>()?,
+            Some(alloc) => (0..capacity.max(1))
+                .map(|_| alloc())
+                .collect::<Result<_>>()?,
             None => Vec::new(),
         };
         Ok(Self {
@@ -329,10 +331,16 @@ mod tests {
             Ok(HostBuf::U8(vec![7; 4]))
         });
         let pool = Pool::new(2, 4, Output::U8Nhwc, Some(alloc)).unwrap();
-        assert_eq!(made.load(Ordering::Relaxed), 2, "the capacity is allocated up front");
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            2,
+            "the capacity is allocated up front"
+        );
         let cancel = AtomicBool::new(false);
         let take = |n: usize| -> Vec<HostBuf> {
-            (0..n).map(|_| pool.acquire(&cancel).unwrap().unwrap()).collect()
+            (0..n)
+                .map(|_| pool.acquire(&cancel).unwrap().unwrap())
+                .collect()
         };
         // Shrink, grow past the preallocation, shrink again, in flight.
         let held = take(2);
@@ -342,15 +350,23 @@ mod tests {
         }
         pool.set_capacity(5);
         let held = take(5);
-        assert!(held.iter().all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
+        assert!(held
+            .iter()
+            .all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
         pool.set_capacity(1);
         for b in held {
             pool.release(Some(b));
         }
         pool.set_capacity(5);
         let held = take(5);
-        assert!(held.iter().all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
-        assert_eq!(made.load(Ordering::Relaxed), 5, "no buffer freed and made again");
+        assert!(held
+            .iter()
+            .all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            5,
+            "no buffer freed and made again"
+        );
         assert_eq!(pool.pinned(), 5);
     }
 }

@@ -1,133 +1,311 @@
-//! CUDA only (`--features cuda`, needs a GPU): batches uploaded through the
-//! pinned pool and copy stream equal the CPU loader's bit for bit, also when
-//! buffers are recycled as fast as possible under a slow consumer, with both
-//! kinds of candle CUDA device.
+//! CUDA only (`--features cuda`, needs a GPU; run by `scripts/gpu-check.sh
+//! run`). Every batch is read back through a tensor the *consumer* produced
+//! on its own thread's stream and compared with the CPU loader bit for bit:
+//! both candle CUDA device kinds, every output (u8, host f32, device f32,
+//! bf16, f16), a stress run with large batches and a consumer that queues
+//! tens of milliseconds of GPU work per batch without synchronizing, and
+//! AUTOTUNE resizing the pinned pool in flight.
+//!
+//! `WICK_SKIP_GUARD=Pinned|Staged|Consumed|Ready|Undelivered` builds every
+//! CUDA loader with that ordering guard removed (the mutation check): the
+//! stress test must then fail.
 
-use candle_core::{DType, Device};
-use candle_wick::{ImageFolder, Loader, NormalizeAt, Output};
-use std::time::Duration;
+use candle_core::{DType, Device, Tensor};
+use candle_wick::__test::Guard;
+use candle_wick::{
+    BadSamples, ImageFolder, Loader, LoaderBuilder, NormalizeAt, Output, SafetensorsShards,
+    SafetensorsWriter,
+};
+use std::path::Path;
 use tests::image_folder;
 
-fn batches(
-    root: &std::path::Path,
-    device: Device,
-    output: Output,
-    prefetch: usize,
-    in_flight: usize,
-    slow: bool,
-) -> Vec<(Vec<u8>, Vec<u32>)> {
-    let mut loader = Loader::builder(ImageFolder::new(root).unwrap())
+fn skipped_guard() -> Option<Guard> {
+    let g = std::env::var("WICK_SKIP_GUARD").ok()?;
+    Some(match g.as_str() {
+        "Pinned" => Guard::Pinned,
+        "Staged" => Guard::Staged,
+        "Consumed" => Guard::Consumed,
+        "Ready" => Guard::Ready,
+        "Undelivered" => Guard::Undelivered,
+        other => panic!("WICK_SKIP_GUARD={other:?} is not a guard"),
+    })
+}
+
+fn on(b: LoaderBuilder, device: &Device) -> LoaderBuilder {
+    let b = b.device(device.clone());
+    match (device.is_cuda(), skipped_guard()) {
+        (true, Some(g)) => b.__without_guard(g),
+        _ => b,
+    }
+}
+
+fn devices() -> Vec<(&'static str, Device)> {
+    vec![
+        ("new_cuda", Device::new_cuda(0).unwrap()),
+        (
+            "new_cuda_with_stream",
+            Device::new_cuda_with_stream(0).unwrap(),
+        ),
+    ]
+}
+
+/// The consumer's own GPU op on the images: u8 -> f32 cast, f32 -> `x * 2`
+/// (exact, fused or not), f16/bf16 -> f32 (exact widening).
+fn consume(images: &Tensor) -> Tensor {
+    match images.dtype() {
+        DType::U8 => images.to_dtype(DType::F32).unwrap(),
+        DType::F32 => images.affine(2.0, 0.0).unwrap(),
+        _ => images.to_dtype(DType::F32).unwrap(),
+    }
+}
+
+fn host(t: &Tensor) -> Vec<u32> {
+    let t = t.to_device(&Device::Cpu).unwrap().flatten_all().unwrap();
+    match t.dtype() {
+        DType::U32 => t.to_vec1::<u32>().unwrap(),
+        _ => t
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect(),
+    }
+}
+
+/// The consumer's results for a batch, made on its stream: its op on the
+/// images and the labels plus one.
+fn produce(b: &candle_wick::Batch) -> (Tensor, Tensor) {
+    let labels = (b.labels.to_dtype(DType::F32).unwrap() + 1.0).unwrap();
+    (consume(&b.images), labels)
+}
+
+/// A batch as the consumer saw it, read back to the host.
+fn observe(b: &candle_wick::Batch) -> (Vec<u32>, Vec<u32>) {
+    let (images, labels) = produce(b);
+    (host(&images), host(&labels))
+}
+
+/// Every batch of epoch 1 as the consumer saw it. The results stay on the
+/// device until the epoch is over (`work` runs after each batch, never
+/// waited for), then are read back.
+fn run(mut loader: Loader, work: impl Fn(&Device)) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut kept = Vec::new();
+    for b in loader.epoch(1) {
+        let b = b.unwrap();
+        let device = b.images.device().clone();
+        kept.push(produce(&b));
+        drop(b);
+        work(&device);
+    }
+    drop(loader);
+    kept.iter().map(|(i, l)| (host(i), host(l))).collect()
+}
+
+fn folder_loader(root: &Path, output: Output, at: NormalizeAt, dtype: DType) -> LoaderBuilder {
+    Loader::builder(ImageFolder::new(root).unwrap())
         .batch_size(8)
         .image_size(32)
         .train_transforms()
         .shuffle(7)
         .output(output)
-        .normalize_at(NormalizeAt::Host)
-        .prefetch(prefetch)
-        .batches_in_flight(in_flight)
-        .device(device)
-        .build()
-        .unwrap();
-    loader
-        .epoch(2)
-        .map(|b| {
-            let b = b.unwrap();
-            if slow {
-                std::thread::sleep(Duration::from_millis(30));
-            }
-            let images = b
-                .images
-                .to_device(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap();
-            let bytes = match images.dtype() {
-                DType::U8 => images.to_vec1::<u8>().unwrap(),
-                _ => images
-                    .to_vec1::<f32>()
-                    .unwrap()
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            };
-            (
-                bytes,
-                b.labels
-                    .to_device(&Device::Cpu)
-                    .unwrap()
-                    .to_vec1::<u32>()
-                    .unwrap(),
-            )
-        })
-        .collect()
+        .normalize_at(at)
+        .dtype(dtype)
+        .prefetch(2)
+        .batches_in_flight(3)
 }
 
 #[test]
-fn gpu_batches_equal_cpu_batches_bit_for_bit() {
+fn every_output_on_both_device_kinds_equals_the_cpu_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     image_folder(dir.path(), 4, 21);
-    for output in [Output::U8Nhwc, Output::imagenet()] {
-        let cpu = batches(dir.path(), Device::Cpu, output, 2, 3, false);
-        for device in [
-            Device::new_cuda(0).unwrap(),
-            Device::new_cuda_with_stream(0).unwrap(),
-        ] {
-            let gpu = batches(dir.path(), device, output, 2, 3, false);
+    let cases = [
+        (Output::U8Nhwc, NormalizeAt::Host, DType::U8),
+        (Output::imagenet(), NormalizeAt::Host, DType::F32),
+        (Output::imagenet(), NormalizeAt::Device, DType::F32),
+        (Output::imagenet(), NormalizeAt::Device, DType::BF16),
+        (Output::imagenet(), NormalizeAt::Device, DType::F16),
+        (Output::imagenet(), NormalizeAt::Host, DType::BF16),
+    ];
+    for (output, at, dtype) in cases {
+        // The CPU reference normalizes on the host: the device's fused
+        // normalize must give the same bits.
+        let reference = folder_loader(dir.path(), output, NormalizeAt::Host, dtype)
+            .build()
+            .unwrap();
+        let cpu = run(reference, |_| {});
+        for (kind, device) in devices() {
+            let loader = on(folder_loader(dir.path(), output, at, dtype), &device)
+                .build()
+                .unwrap();
+            let gpu = run(loader, |_| {});
             assert!(
                 gpu == cpu,
-                "{output:?}: GPU batches differ from CPU batches"
+                "{kind} {output:?} {at:?} {dtype:?}: differs from the CPU"
             );
         }
     }
 }
 
-#[test]
-fn pinned_buffers_are_not_reused_before_their_copy_completes() {
-    let dir = tempfile::tempdir().unwrap();
-    image_folder(dir.path(), 4, 21);
-    let cpu = batches(dir.path(), Device::Cpu, Output::U8Nhwc, 1, 1, false);
-    let gpu = batches(
-        dir.path(),
-        Device::new_cuda_with_stream(0).unwrap(),
-        Output::U8Nhwc,
-        1,
-        1,
-        true,
-    );
-    assert!(
-        gpu == cpu,
-        "a pinned buffer was overwritten while its copy was in flight"
-    );
+/// A shard of `n` pre-decoded `size x size` images (decoding is free, so
+/// batches come as fast as memory copies and the copies are long).
+fn pixel_shard(dir: &Path, n: usize, size: usize) -> SafetensorsShards {
+    let path = dir.join("pixels.safetensors");
+    let mut w = SafetensorsWriter::pixels(&path, size, size);
+    let mut x = 0x9e37_79b9_u32;
+    let mut img = vec![0u8; size * size * 3];
+    for i in 0..n {
+        for p in img.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            *p = (x >> 24) as u8;
+        }
+        w.push(&img, (i % 1000) as u32).unwrap();
+    }
+    w.finish().unwrap();
+    SafetensorsShards::open([path]).unwrap()
+}
+
+/// About `ms` milliseconds of queued GPU work, never waited for.
+fn gpu_work(device: &Device, ms: usize) {
+    let a = Tensor::ones((2048, 2048), DType::F32, device).unwrap();
+    let mut b = a.clone();
+    for _ in 0..ms * 3 {
+        b = (b.matmul(&a).unwrap() * (1.0 / 2048.0)).unwrap();
+    }
+    drop(b);
 }
 
 #[test]
-fn device_normalization_matches_host_on_the_gpu() {
+fn large_batches_under_a_busy_consumer_arrive_intact() {
     let dir = tempfile::tempdir().unwrap();
-    image_folder(dir.path(), 2, 8);
-    let build = |at| {
-        Loader::builder(ImageFolder::new(dir.path()).unwrap())
-            .batch_size(4)
-            .image_size(24)
-            .normalize_at(at)
-            .device(Device::new_cuda(0).unwrap())
-            .build()
-            .unwrap()
+    let size = 224;
+    let _ = pixel_shard(dir.path(), 16 * 128, size);
+    let build = |device: &Device, output: Output, prefetch: usize| {
+        let source = SafetensorsShards::open([dir.path().join("pixels.safetensors")]).unwrap();
+        let b = Loader::builder(source)
+            .batch_size(128)
+            .image_size(size)
+            .eval_transforms()
+            .shuffle(3)
+            .output(output)
+            .normalize_at(NormalizeAt::Device)
+            .prefetch(prefetch)
+            .batches_in_flight(3);
+        on(b, device).build().unwrap()
     };
-    let (mut host, mut dev) = (build(NormalizeAt::Host), build(NormalizeAt::Device));
-    for (a, b) in host.epoch(0).zip(dev.epoch(0)) {
-        let (a, b) = (a.unwrap().images, b.unwrap().images);
-        let d: f32 = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_keepdim(0)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
+    for output in [Output::U8Nhwc, Output::imagenet()] {
+        let cpu = {
+            let b = Loader::builder(
+                SafetensorsShards::open([dir.path().join("pixels.safetensors")]).unwrap(),
+            )
+            .batch_size(128)
+            .image_size(size)
+            .eval_transforms()
+            .shuffle(3)
+            .output(output)
+            .normalize_at(NormalizeAt::Host);
+            run(b.build().unwrap(), |_| {})
+        };
+        for (kind, device) in devices() {
+            for prefetch in 1..=3 {
+                let gpu = run(build(&device, output, prefetch), |d| gpu_work(d, 20));
+                let bad: Vec<usize> = (0..cpu.len()).filter(|&i| gpu[i] != cpu[i]).collect();
+                assert!(
+                    bad.is_empty() && gpu.len() == cpu.len(),
+                    "{kind} {output:?} prefetch {prefetch}: batches {bad:?} of {} differ",
+                    cpu.len()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn autotune_resizes_the_pool_in_flight_and_every_buffer_stays_pinned() {
+    let dir = tempfile::tempdir().unwrap();
+    let _ = pixel_shard(dir.path(), 64 * 32, 64);
+    let source = || SafetensorsShards::open([dir.path().join("pixels.safetensors")]).unwrap();
+    let base = |b: LoaderBuilder| b.batch_size(32).image_size(64).eval_transforms().shuffle(5);
+    let cpu = run(base(Loader::builder(source())).build().unwrap(), |_| {});
+    for (kind, device) in devices() {
+        // AUTOTUNE everywhere (the defaults); a consumer that alternates
+        // between starving and busy, so the tuner grows and reverts. Every
+        // buffer the pool ever makes comes from the pinned allocator, and
+        // the CUDA uploader refuses any other (the batch would be an error).
+        let mut loader = on(base(Loader::builder(source())), &device)
+            .build()
             .unwrap();
-        assert!(d < 1e-4, "device normalization differs by {d}");
+        let mut pinned = 0;
+        for epoch in 0..6 {
+            let mut seen = Vec::new();
+            for (i, b) in loader.epoch(1).enumerate() {
+                let b = b.unwrap();
+                seen.push(observe(&b));
+                if (i / 8 + epoch) % 2 == 1 {
+                    gpu_work(&device, 5);
+                    device.synchronize().unwrap();
+                }
+            }
+            assert!(
+                seen == cpu,
+                "{kind} epoch {epoch}: batches differ from the CPU"
+            );
+            let now = loader.stats().pinned_buffers;
+            assert!(
+                now >= pinned.max(2),
+                "{kind}: pinned buffers went from {pinned} to {now}"
+            );
+            pinned = now;
+        }
+        let history = loader.autotune_history();
+        let peak = history
+            .iter()
+            .map(|s| s.in_flight)
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        println!(
+            "{kind}: {} tuning steps, in flight {:?}, {pinned} pinned buffers",
+            history.len(),
+            history.iter().map(|s| s.in_flight).collect::<Vec<_>>()
+        );
+        assert!(
+            pinned <= peak,
+            "{kind}: {pinned} pinned buffers for at most {peak} in flight"
+        );
+    }
+}
+
+#[test]
+fn skipped_samples_dropped_epochs_and_held_batches_stay_correct() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = image_folder(dir.path(), 3, 12);
+    std::fs::write(&paths[5], b"not an image").unwrap();
+    let build = |device: &Device| {
+        let b = folder_loader(
+            dir.path(),
+            Output::imagenet(),
+            NormalizeAt::Host,
+            DType::F32,
+        )
+        .bad_samples(BadSamples::Skip);
+        on(b, device).build().unwrap()
+    };
+    let cpu = run(build(&Device::Cpu), |_| {});
+    for (kind, device) in devices() {
+        let mut loader = build(&device);
+        // Drop an epoch after two batches, then run a whole one.
+        let early: Vec<_> = loader.epoch(1).take(2).map(|b| b.unwrap()).collect();
+        let full = run(loader, |_| {});
+        assert!(full == cpu, "{kind}: an epoch after a dropped one differs");
+        // Batches held past the loader's drop are still whole.
+        let held: Vec<(Vec<u32>, Vec<u32>)> = early.iter().map(observe).collect();
+        assert!(
+            held[..] == cpu[..2],
+            "{kind}: batches held past the loader differ"
+        );
     }
 }

@@ -192,8 +192,10 @@ impl CudaStreams {
     ) -> Result<Tensor> {
         let stream = self.compute();
         // SAFETY: the copy below writes all `n` elements, as the first work
-        // on the slice on the stream it was allocated on.
-        let mut out = unsafe { self.dev.alloc::<T>(n) }?;
+        // on the slice on the stream it was allocated on. One element at
+        // least: a zero-byte allocation is an error (a batch whose samples
+        // were all skipped).
+        let mut out = unsafe { self.dev.alloc::<T>(n.max(1)) }?;
         {
             let (dst, _write) = out.device_ptr_mut(&stream);
             // SAFETY: `src` is a ring slot holding at least `n` elements of
@@ -201,7 +203,12 @@ impl CudaStreams {
             // both live past the copy (the slot until `drain`, `out` as long
             // as the tensor; a free is stream-ordered after it).
             unsafe {
-                result::memcpy_dtod_async(dst, src, n * std::mem::size_of::<T>(), stream.cu_stream())
+                result::memcpy_dtod_async(
+                    dst,
+                    src,
+                    n * std::mem::size_of::<T>(),
+                    stream.cu_stream(),
+                )
             }
             .w()?;
         }
@@ -443,8 +450,9 @@ impl CudaUploader {
 fn host_ref<T: ValidAsZeroBits>(p: &mut Pinned<T>, labels: &[u32], len: usize) -> Result<HostRef> {
     p.wait_writable()?;
     let room = p.labels.as_mut_slice().w()?;
+    let capacity = room.len();
     let room = room.get_mut(..labels.len()).ok_or_else(|| {
-        Error::InvalidConfig(format!("{} labels for a batch of {}", labels.len(), room.len()))
+        Error::InvalidConfig(format!("{} labels for a batch of {capacity}", labels.len()))
     })?;
     room.copy_from_slice(labels);
     let images = p.images.as_mut_slice().w()?;

@@ -242,7 +242,12 @@ impl Geometry {
 }
 
 impl Uploader {
-    pub(crate) fn new(device: &Device, finish: Finish, geo: Geometry, guards: Guards) -> Result<Self> {
+    pub(crate) fn new(
+        device: &Device,
+        finish: Finish,
+        geo: Geometry,
+        guards: Guards,
+    ) -> Result<Self> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
             let elem = match geo.host_output {
@@ -300,8 +305,14 @@ impl Uploader {
                         v.truncate(len);
                         (Tensor::from_vec(v, shape, device)?, None)
                     }
-                    HostBuf::U8(v) => (Tensor::from_slice(&v[..len], shape, device)?, Some(HostBuf::U8(v))),
-                    HostBuf::F32(v) => (Tensor::from_slice(&v[..len], shape, device)?, Some(HostBuf::F32(v))),
+                    HostBuf::U8(v) => (
+                        Tensor::from_slice(&v[..len], shape, device)?,
+                        Some(HostBuf::U8(v)),
+                    ),
+                    HostBuf::F32(v) => (
+                        Tensor::from_slice(&v[..len], shape, device)?,
+                        Some(HostBuf::F32(v)),
+                    ),
                     #[cfg(feature = "cuda")]
                     HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_) => {
                         return Err(Error::InvalidConfig(
@@ -320,7 +331,9 @@ impl Uploader {
             (Uploader::Cuda(up), mut buf) => {
                 let (images, labels, event) = up.upload(&mut buf, &labels, shape)?;
                 let Device::Cuda(dev) = device else {
-                    return Err(Error::InvalidConfig("the CUDA uploader needs a CUDA device".into()));
+                    return Err(Error::InvalidConfig(
+                        "the CUDA uploader needs a CUDA device".into(),
+                    ));
                 };
                 Ok(Uploaded {
                     images,

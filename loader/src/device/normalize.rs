@@ -49,7 +49,12 @@ impl NormalizeU8 {
         for image in src.chunks_exact(3 * pixels) {
             for c in 0..3 {
                 let (s, b) = (self.scale[c], self.bias[c]);
-                out.extend(image[c..].iter().step_by(3).map(|&v| to((v as f32).mul_add(s, b))));
+                out.extend(
+                    image[c..]
+                        .iter()
+                        .step_by(3)
+                        .map(|&v| to((v as f32).mul_add(s, b))),
+                );
             }
         }
         out
@@ -68,7 +73,10 @@ impl CustomOp1 for NormalizeU8 {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (_, h, w, shape) = Self::out_shape(layout)?;
         let CpuStorage::U8(data) = storage else {
-            candle_core::bail!("normalize expects u8 images, got {:?}", candle_core::backend::BackendStorage::dtype(storage));
+            candle_core::bail!(
+                "normalize expects u8 images, got {:?}",
+                candle_core::backend::BackendStorage::dtype(storage)
+            );
         };
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("normalize expects contiguous images");
@@ -152,7 +160,8 @@ pub(crate) mod cuda {
                 // SAFETY: the kernel writes all `3 * total` elements before
                 // anything reads them (it is the first work on the slice, on
                 // the stream it was allocated on).
-                let mut out = unsafe { dev.alloc::<$t>(3 * total as usize) }?;
+                // One element at least: a zero-byte allocation is an error.
+                let mut out = unsafe { dev.alloc::<$t>((3 * total as usize).max(1)) }?;
                 let stream = dev.cuda_stream();
                 {
                     let (dst, _write) = out.device_ptr_mut(&stream);

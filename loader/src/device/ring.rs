@@ -215,12 +215,27 @@ mod tests {
     enum Op {
         Wait(usize),
         Record(usize),
-        CopyIn { host: usize, slot: usize },
-        Finish { slot: usize, out: usize },
-        Read { out: usize, expect: u64 },
-        Write { out: usize, value: u64 },
+        CopyIn {
+            host: usize,
+            slot: usize,
+        },
+        Finish {
+            slot: usize,
+            out: usize,
+        },
+        Read {
+            out: usize,
+            expect: u64,
+        },
+        Write {
+            out: usize,
+            value: u64,
+        },
         /// `token` tells this free from a later one of the same block.
-        Free { out: usize, token: usize },
+        Free {
+            out: usize,
+            token: usize,
+        },
     }
 
     #[derive(Debug)]
@@ -419,7 +434,10 @@ mod tests {
                     let own = sim.alloc(U);
                     let value = 1_000_000 + b;
                     sim.queues[U].push_back(Op::Write { out: own, value });
-                    sim.queues[U].push_back(Op::Read { out: own, expect: value });
+                    sim.queues[U].push_back(Op::Read {
+                        out: own,
+                        expect: value,
+                    });
                     sim.free(U, own);
                     consumed += 1;
                 }
