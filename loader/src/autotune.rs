@@ -370,6 +370,30 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
+    fn pinned_buffers_count_while_held_and_prefetch_does_not() {
+        let knobs = |pinned| Knobs {
+            gate: Gate::new(1),
+            in_flight: 2.into(),
+            prefetch: 1.into(),
+            max_workers: 1,
+            batch_bytes: 1000,
+            pinned,
+            in_flight_high: 2.into(),
+            budget: 4000,
+        };
+        let scratch = SCRATCH_MAX.load(Relaxed);
+        let host = knobs(false);
+        assert_eq!(host.memory(2, 1, 1, 0), 5000 + scratch);
+        let cuda = knobs(true);
+        // Prefetched batches are on the device; the pinned buffers held are
+        // the most ever in flight, since none is freed.
+        assert_eq!(cuda.memory(2, 3, 1, 0), 2000 + scratch);
+        cuda.in_flight_high.fetch_max(4, Relaxed);
+        assert_eq!(cuda.memory(2, 3, 1, 0), 4000 + scratch);
+        assert_eq!(cuda.memory(5, 3, 1, 0), 5000 + scratch);
+    }
+
+    #[test]
     fn gate_admits_at_most_its_limit() {
         let gate = Arc::new(Gate::new(2));
         let a = gate.enter();

@@ -342,26 +342,19 @@ mod tests {
                 .map(|_| pool.acquire(&cancel).unwrap().unwrap())
                 .collect()
         };
-        // Shrink, grow past the preallocation, shrink again, in flight.
-        let held = take(2);
-        pool.set_capacity(1);
-        for b in held {
-            pool.release(Some(b));
+        // Shrink while buffers are out, grow past the preallocation; twice.
+        let mut held = take(2);
+        for _ in 0..2 {
+            pool.set_capacity(1);
+            for b in held {
+                pool.release(Some(b));
+            }
+            pool.set_capacity(5);
+            held = take(5);
+            assert!(held
+                .iter()
+                .all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
         }
-        pool.set_capacity(5);
-        let held = take(5);
-        assert!(held
-            .iter()
-            .all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
-        pool.set_capacity(1);
-        for b in held {
-            pool.release(Some(b));
-        }
-        pool.set_capacity(5);
-        let held = take(5);
-        assert!(held
-            .iter()
-            .all(|b| matches!(b, HostBuf::U8(v) if v[0] == 7)));
         assert_eq!(
             made.load(Ordering::Relaxed),
             5,

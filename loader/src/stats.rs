@@ -538,7 +538,7 @@ impl Stats {
         format!(
             "{:.0} samples/s, {} workers; consumer wait p50 {:.2?} p99 {:.2?} total {:.2?} ({:.1}% of {:.2?}), startup {:.2?}\n\
              stages (samples/s at this worker count): read {}, decode {}, transform {}, workers {}, upload {}\n\
-             prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB){}\n\
+             prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB){}{}\n\
              verdict: {}",
             self.samples_per_sec,
             self.workers,
@@ -562,6 +562,14 @@ impl Stats {
             } else {
                 String::new()
             },
+            if self.copy_per_batch > Duration::ZERO {
+                format!(
+                    "\nhost-to-device copies: {:.2?} per batch, {:.1} GB/s (copy-stream events); {} pinned buffers",
+                    self.copy_per_batch, self.copy_gbps, self.pinned_buffers
+                )
+            } else {
+                String::new()
+            },
             self.verdict
         )
     }
@@ -570,6 +578,26 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_copies_count_as_upload_time_when_longer() {
+        let c = Counters::default();
+        c.batch_started();
+        c.batch_started();
+        c.batch_uploaded(Duration::from_millis(1));
+        c.batch_uploaded(Duration::from_millis(1));
+        let s = c.snapshot();
+        assert_eq!(s.upload_per_batch, Duration::from_millis(1));
+        assert_eq!((s.copy_per_batch, s.copy_gbps), (Duration::ZERO, 0.0));
+        // One copy of 20 MB took 4 ms on the device: 5 GB/s, and the upload
+        // stage is bound by it, not by the thread's 1 ms of enqueueing.
+        c.batch_copied(Duration::from_millis(4), 20_000_000);
+        let s = c.snapshot();
+        assert_eq!(s.copy_per_batch, Duration::from_millis(4));
+        assert!((s.copy_gbps - 5.0).abs() < 1e-9, "{}", s.copy_gbps);
+        assert_eq!(s.upload_per_batch, Duration::from_millis(4));
+        assert!(s.report().contains("5.0 GB/s"), "{}", s.report());
+    }
 
     #[test]
     fn upload_bound_compares_the_upload_thread_with_the_workers() {
