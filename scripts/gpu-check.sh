@@ -72,6 +72,8 @@ run)
   echo "== (b) mutation check: each guard removed must fail the large-batch test"
   for g in Pinned Staged Consumed Ready Undelivered; do
     if WICK_SKIP_GUARD=$g "$out/cuda-tests" --test-threads 1 large_batches >"$out/mutant-$g.log" 2>&1; then
+      # Undelivered needs the loader's stream to lag a dropped epoch by the
+      # whole channel, which the test cannot force (the model covers it).
       echo "mutant $g: NOT caught (the test passed without the guard)"
     else
       echo "mutant $g: caught: $(grep -m1 -o 'batches \[.*differ' "$out/mutant-$g.log" || tail -n 3 "$out/mutant-$g.log" | head -n 1)"

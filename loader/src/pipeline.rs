@@ -897,7 +897,11 @@ impl Iterator for Epoch<'_> {
                 Some(item.and_then(|p| {
                     let batch = p.take();
                     if guards.on(Guard::Ready) {
-                        batch.ready.wait_on_current_stream()?;
+                        if let Err(e) = batch.ready.wait_on_current_stream() {
+                            // Dropped undelivered after all: wait for it.
+                            let _ = batch.ready.host_wait();
+                            return Err(e);
+                        }
                     }
                     Ok(batch)
                 }))

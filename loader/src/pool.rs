@@ -241,9 +241,14 @@ impl Pool {
     }
 
     /// Gives a permit back, with its buffer when the buffer can be reused.
+    /// A pinned pool's buffer is always reused, so `None` there means it was
+    /// lost (an error or a panic dropped it).
     pub(crate) fn release(&self, buf: Option<HostBuf>) {
         let mut st = self.lock();
         st.out = st.out.saturating_sub(1);
+        if buf.is_none() && self.pinned.is_some() {
+            st.pinned = st.pinned.saturating_sub(1);
+        }
         if let Some(b) = buf {
             st.free.push(b);
         }

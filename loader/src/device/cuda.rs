@@ -25,7 +25,12 @@
 //! per-slice tracking is not relied on, so the events here are the whole
 //! argument and a test can remove each. The consumer's tensors are written
 //! through `device_ptr_mut`, so cudarc records their write as for any candle
-//! tensor.
+//! tensor: while tracking is on (the default, in multi-stream mode) that
+//! write event also orders the consumer's reads and frees (cudarc
+//! `DevicePtr for CudaSlice`, `Drop for CudaSlice`, on the stream named by
+//! the calling thread), a second guard behind `ready`. With tracking off
+//! (`CudaDevice::disable_event_tracking`) `ready` and the undelivered host
+//! wait are the only ones; the GPU stress test runs that way.
 
 use super::normalize::NormalizeU8;
 use super::ring::{Guard, Guards, Ring, Staged, Streams};
@@ -198,19 +203,22 @@ impl CudaStreams {
         let mut out = unsafe { self.dev.alloc::<T>(n.max(1)) }?;
         {
             let (dst, _write) = out.device_ptr_mut(&stream);
-            // SAFETY: `src` is a ring slot holding at least `n` elements of
-            // `T` (written by the copy L waited for), `dst` is `n` elements;
-            // both live past the copy (the slot until `drain`, `out` as long
-            // as the tensor; a free is stream-ordered after it).
-            unsafe {
-                result::memcpy_dtod_async(
-                    dst,
-                    src,
-                    n * std::mem::size_of::<T>(),
-                    stream.cu_stream(),
-                )
+            if n > 0 {
+                // SAFETY: `src` is a ring slot holding at least `n` elements
+                // of `T` (written by the copy L waited for), `dst` is `n`
+                // elements; both live past the copy (the slot until `drain`,
+                // `out` as long as the tensor; a free is stream-ordered after
+                // it).
+                unsafe {
+                    result::memcpy_dtod_async(
+                        dst,
+                        src,
+                        n * std::mem::size_of::<T>(),
+                        stream.cu_stream(),
+                    )
+                }
+                .w()?;
             }
-            .w()?;
         }
         let storage = CudaStorage::wrap_cuda_slice(out, self.dev.clone());
         Ok(Tensor::from_storage(
@@ -241,16 +249,19 @@ impl Streams for CudaStreams {
         start.record(&self.copy).w()?;
         self.bind()?;
         let c = self.copy.cu_stream();
-        // SAFETY: `host` points into a live pinned buffer (it is freed only
-        // after its `copied` event, recorded right after these copies, has
-        // completed) and the slot holds at least as many bytes (both sized
-        // for a full batch); the copy stream waited for the slot's last
-        // read (`consumed`) before this.
-        unsafe {
-            let images = std::slice::from_raw_parts(host.images, host.image_bytes);
-            result::memcpy_htod_async(slot.images, images, c).w()?;
-            let labels = std::slice::from_raw_parts(host.labels, host.label_count);
-            result::memcpy_htod_async(slot.labels, labels, c).w()?;
+        // Empty batches (every sample skipped) copy nothing.
+        if host.label_count > 0 {
+            // SAFETY: `host` points into a live pinned buffer (it is freed
+            // only after its `copied` event, recorded right after these
+            // copies, has completed) and the slot holds at least as many
+            // bytes (both sized for a full batch); the copy stream waited for
+            // the slot's last read (`consumed`) before this.
+            unsafe {
+                let images = std::slice::from_raw_parts(host.images, host.image_bytes);
+                result::memcpy_htod_async(slot.images, images, c).w()?;
+                let labels = std::slice::from_raw_parts(host.labels, host.label_count);
+                result::memcpy_htod_async(slot.labels, labels, c).w()?;
+            }
         }
         *crate::lock(&self.copy_start) = Some(start);
         Ok(())
@@ -273,6 +284,14 @@ impl Streams for CudaStreams {
     fn finish(&self, slot: &Slot, job: &Job) -> Result<(Tensor, Tensor)> {
         let len = job.shape.elem_count();
         let images = match self.finish {
+            // An empty batch has nothing to cast (candle's cast would launch
+            // an empty grid, an error): an empty tensor of the final type.
+            Finish::Copy { dtype } if len == 0 => match dtype {
+                DType::U8 => self.copied::<u8>(slot.images, 0, job.shape.clone())?,
+                DType::F16 => self.copied::<half::f16>(slot.images, 0, job.shape.clone())?,
+                DType::BF16 => self.copied::<half::bf16>(slot.images, 0, job.shape.clone())?,
+                _ => self.copied::<f32>(slot.images, 0, job.shape.clone())?,
+            },
             Finish::Copy { dtype } => {
                 let t = match job.elem {
                     1 => self.copied::<u8>(slot.images, len, job.shape.clone())?,
@@ -434,12 +453,20 @@ impl CudaUploader {
         let mut t = crate::lock(&self.timings);
         let mut done = Vec::new();
         while let Some((start, end, _)) = t.pending.front() {
-            if !end.is_complete() {
-                break;
-            }
-            let ms = start.elapsed_ms(end).unwrap_or(0.0);
+            let ms = match end.try_is_complete() {
+                Ok(false) => break,
+                Ok(true) => start.elapsed_ms(end).ok(),
+                // A device error: this copy's time is lost, not the queue.
+                Err(_) => None,
+            };
             let (_, _, bytes) = t.pending.pop_front().expect("front exists");
-            done.push((Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3), bytes));
+            if let Some(ms) = ms {
+                done.push((Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3), bytes));
+            }
+        }
+        // Bounded whatever the device does: the oldest spans are dropped.
+        while t.pending.len() > 64 {
+            t.pending.pop_front();
         }
         done
     }

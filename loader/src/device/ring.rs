@@ -104,7 +104,8 @@ pub(crate) trait Streams {
     fn compute_record(&self) -> Result<Self::Event>;
     /// Blocks the calling thread until `e` has completed.
     fn host_wait(&self, e: &Self::Event) -> Result<()>;
-    /// Blocks until C's and L's work so far has completed.
+    /// Blocks until C's and L's work so far has completed (called on the
+    /// thread that enqueues, whose L it is).
     fn sync(&self) -> Result<()>;
 }
 
@@ -171,15 +172,17 @@ impl<S: Streams> Ring<S> {
         }
     }
 
-    /// Blocks until every slot's last read has completed: call before the
-    /// slots are freed.
+    /// Blocks until every slot's last read (on L) and C's work so far have
+    /// completed: call before the slots are freed. Uses only events, so any
+    /// thread may call it (under per-thread streams another thread's L is
+    /// another stream).
     pub(crate) fn drain(&mut self, s: &S) -> Result<()> {
         for (_, consumed) in &mut self.slots {
             if let Some(e) = consumed.take() {
                 s.host_wait(&e)?;
             }
         }
-        s.sync()
+        s.host_wait(&s.copy_record()?)
     }
 
     /// The slots, for the owner to free after [`Ring::drain`].
