@@ -30,8 +30,13 @@
 //! - What the loader must not do: `device.synchronize()` on the upload
 //!   thread (`Commands::flush_and_wait` clears the fence map, which can drop
 //!   fences the consumer's encoders need), so it never does.
+//! - Memory: each upload is a fresh shared buffer that joins candle's pool,
+//!   swept only at a synchronize or a read back to the host; a training loop
+//!   that never reads a value back (loss, metrics) grows it (candle's
+//!   behaviour, `metal_backend/device.rs` `drop_unused_buffers`).
 //! - Not fused on Metal: device normalization there is candle's cast,
-//!   permute and broadcasts (no `metal_fwd` for the fused op yet).
+//!   permute and broadcasts, as before (no `metal_fwd` for the fused op
+//!   yet), within an ulp of the host's values rather than bit-identical.
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
@@ -126,15 +131,16 @@ impl Finish {
     fn apply(&self, images: Tensor) -> Result<Tensor> {
         let images = match &self.normalize {
             Some(op) if images.device().is_metal() => {
-                // No Metal kernel for the fused op: candle's ops, the cast
-                // first so the broadcasts run on contiguous NCHW.
+                // No Metal kernel for the fused op: candle's cast, permute
+                // and per-channel broadcasts (two roundings where the fused
+                // op has one: within an ulp of the host's values).
                 let (scale, bias) = (
                     Tensor::from_slice(&op.scale, (1, 3, 1, 1), images.device())?,
                     Tensor::from_slice(&op.bias, (1, 3, 1, 1), images.device())?,
                 );
                 images
-                    .permute((0, 3, 1, 2))?
                     .to_dtype(DType::F32)?
+                    .permute((0, 3, 1, 2))?
                     .broadcast_mul(&scale)?
                     .broadcast_add(&bias)?
                     .to_dtype(op.dtype)?
