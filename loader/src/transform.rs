@@ -207,6 +207,16 @@ thread_local! {
     });
 }
 
+/// `(x / 255 - mean) / std` as `x * scale + bias` per channel: the one
+/// place both the host's table and the device's fused normalize take their
+/// coefficients from, so the two give the same bits.
+pub(crate) fn normalize_coefficients(mean: [f32; 3], std: [f32; 3]) -> ([f32; 3], [f32; 3]) {
+    (
+        std.map(|s| 1.0 / (255.0 * s)),
+        [0, 1, 2].map(|c| -mean[c] / std[c]),
+    )
+}
+
 impl ImageTransform {
     /// A transform producing `height x width` images.
     pub fn new(
@@ -246,9 +256,8 @@ impl ImageTransform {
                     "normalize std must be non-zero, got {std:?}"
                 )));
             }
+            (scale, bias) = normalize_coefficients(mean, std);
             for c in 0..3 {
-                scale[c] = 1.0 / (255.0 * std[c]);
-                bias[c] = -mean[c] / std[c];
                 for v in 0..256 {
                     lut[c][v] = (v as f32).mul_add(scale[c], bias[c]);
                 }
