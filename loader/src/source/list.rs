@@ -5,6 +5,10 @@ use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// The most classes numeric labels may name (class indices `0..2^20`): a
+/// larger index is a typo or an identifier, and would size the class list.
+const MAX_CLASSES: u32 = 1 << 20;
+
 /// Header names that mark the first row of a list as a header.
 const HEADER_NAMES: &[&str] = &[
     "path",
@@ -24,10 +28,14 @@ const HEADER_NAMES: &[&str] = &[
 ///   tab, else a comma. Quoted fields follow RFC 4180; columns after the
 ///   second are ignored.
 /// - A first row whose path column is a usual header name (`path`, `file`,
-///   `filename`, `image`, ...) is a header and is skipped.
-/// - Labels are class indices when every label is a non-negative integer;
-///   otherwise they are class names, sorted to give the indices (see
-///   [`FileList::classes`]).
+///   `filename`, `image`, ...) is a header and is skipped, and so is a first
+///   row whose label is not an integer when every other label is one
+///   (`image_name,label`).
+/// - Labels are class indices (below 2^20) when every label is a
+///   non-negative integer, class names (sorted to give the indices, see
+///   [`FileList::classes`]) when none is; a list mixing the two is an error
+///   naming the lines, since reading the indices as names would silently
+///   relabel every sample ("10" sorts before "2").
 /// - Files are not opened here: a missing file is an error naming it when it
 ///   is read.
 #[derive(Debug, Clone)]
@@ -59,6 +67,7 @@ impl FileList {
 
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut rows: Vec<(PathBuf, String, u64)> = Vec::new();
+        let mut header_skipped = false;
         for (i, row) in reader.records().enumerate() {
             let row = row.map_err(|e| Error::FileList {
                 path: path.clone(),
@@ -71,6 +80,7 @@ impl FileList {
                     .get(0)
                     .is_some_and(|f| HEADER_NAMES.iter().any(|h| f.eq_ignore_ascii_case(h)))
             {
+                header_skipped = true;
                 continue;
             }
             let (Some(file), Some(label)) = (row.get(0), row.get(1)) else {
@@ -89,14 +99,58 @@ impl FileList {
             }
             rows.push((base.join(file), label.to_string(), line));
         }
+        let is_index = |l: &str| l.parse::<u32>().is_ok();
+        // A header with other names (`image_name,label`): the first row's
+        // label alone is not an index.
+        if !header_skipped
+            && rows.len() > 1
+            && !is_index(&rows[0].1)
+            && rows[1..].iter().all(|(_, l, _)| is_index(l))
+        {
+            rows.remove(0);
+        }
         if rows.is_empty() {
             return Err(Error::Dataset {
                 path,
                 reason: "the list has no samples".into(),
             });
         }
-
-        let numeric = rows.iter().all(|(_, l, _)| l.parse::<u32>().is_ok());
+        let indices = rows.iter().filter(|(_, l, _)| is_index(l)).count();
+        if indices > 0 && indices < rows.len() {
+            let named = rows
+                .iter()
+                .find(|(_, l, _)| !is_index(l))
+                .expect("one is named");
+            let index = rows
+                .iter()
+                .find(|(_, l, _)| is_index(l))
+                .expect("one is an index");
+            return Err(Error::FileList {
+                path,
+                line: named.2,
+                reason: format!(
+                    "label {:?} is a class name but line {} has the class index {}: use class \
+                     indices throughout or class names throughout",
+                    named.1, index.2, index.1
+                ),
+            });
+        }
+        let numeric = indices == rows.len();
+        if numeric {
+            if let Some((_, l, line)) = rows
+                .iter()
+                .find(|(_, l, _)| l.parse::<u32>().is_ok_and(|v| v >= MAX_CLASSES))
+            {
+                return Err(Error::FileList {
+                    path,
+                    line: *line,
+                    reason: format!(
+                        "class index {l} is not below the limit of {MAX_CLASSES} classes (an \
+                         identifier? write it as a class name, e.g. with a prefix)"
+                    ),
+                });
+            }
+        }
         let (classes, samples) = if numeric {
             let samples: Vec<_> = rows
                 .into_iter()
@@ -204,5 +258,48 @@ mod tests {
         let err = FileList::new(&list).unwrap_err().to_string();
         assert!(err.contains("line 2"), "{err}");
         assert!(err.contains("bad.csv"), "{err}");
+    }
+
+    fn list(text: &str) -> (tempfile::TempDir, Result<FileList>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list.csv");
+        std::fs::write(&path, text).unwrap();
+        let fl = FileList::new(&path);
+        (dir, fl)
+    }
+
+    #[test]
+    fn a_huge_class_index_is_an_error_not_an_allocation() {
+        for label in ["4000000000", "4294967295", "1048576"] {
+            let (_dir, fl) = list(&format!("a.jpg,{label}\nb.jpg,1\n"));
+            let err = fl.expect_err(label).to_string();
+            assert!(err.contains("line 1") && err.contains("class"), "{err}");
+        }
+        let (_dir, fl) = list("a.jpg,1048575\n");
+        assert_eq!(fl.unwrap().classes().len(), 1 << 20);
+    }
+
+    #[test]
+    fn an_unknown_header_above_numeric_labels_is_skipped() {
+        let rows: String = (0..=10).map(|i| format!("{i}.jpg,{i}\n")).collect();
+        let (_dir, fl) = list(&format!("image_name,label\n{rows}"));
+        let fl = fl.unwrap();
+        let labels: Vec<u32> = fl.samples().iter().map(|s| s.1).collect();
+        assert_eq!(
+            labels,
+            (0..=10).collect::<Vec<u32>>(),
+            "numeric labels keep their values"
+        );
+        assert_eq!(fl.classes().len(), 11);
+    }
+
+    #[test]
+    fn mixed_numeric_and_named_labels_are_an_error_naming_the_lines() {
+        let (_dir, fl) = list("a.jpg,10\nb.jpg,2\nc.jpg,cat\nd.jpg,3\n");
+        let err = fl.unwrap_err().to_string();
+        assert!(err.contains("line 3") && err.contains("cat"), "{err}");
+        // Names throughout are names, sorted.
+        let (_dir, fl) = list("a.jpg,zebra\nb.jpg,ant\n");
+        assert_eq!(fl.unwrap().classes(), ["ant", "zebra"]);
     }
 }
