@@ -307,7 +307,8 @@ impl LoaderBuilder {
 
     /// Use only shard `rank` of `world_size` (data-parallel training).
     /// Default: the `RANK` and `WORLD_SIZE` environment variables when both
-    /// are set, as torchrun sets them, else one shard.
+    /// are set, as torchrun sets them, one shard when neither is, and an
+    /// error from `build` when only one is.
     pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
         self.shard = Some((rank, world_size));
         self
@@ -481,7 +482,11 @@ fn shard_from_env() -> Result<(usize, usize)> {
                 "RANK={r:?} and WORLD_SIZE={w:?} must be integers (or call shard())"
             ))),
         },
-        _ => Ok((0, 1)),
+        (None, None) => Ok((0, 1)),
+        (r, w) => Err(Error::InvalidConfig(format!(
+            "RANK={r:?} and WORLD_SIZE={w:?}: set both (as torchrun does) or neither, or call \
+             shard(rank, world_size); with one alone every rank would read the same batches"
+        ))),
     }
 }
 
