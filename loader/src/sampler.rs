@@ -47,9 +47,11 @@ impl Sampler {
     /// A sampler over `len` samples. `seed: None` keeps the source order.
     ///
     /// Fails when `batch_size` or `world_size` is 0, `rank >= world_size`,
-    /// or the shards cannot have equal batch counts without repeating or
-    /// dropping samples (fewer samples than ranks; or batch size 1 with a
-    /// tail shorter than the number of ranks): set `drop_last` then.
+    /// `len` is 0, `drop_last` leaves no batch at all (fewer samples than
+    /// `world_size * batch_size`), or the shards cannot have equal batch
+    /// counts without repeating or dropping samples (fewer samples than
+    /// ranks; or batch size 1 with a tail shorter than the number of ranks):
+    /// set `drop_last` then. A sampler that builds has at least one batch.
     pub fn new(
         len: usize,
         batch_size: usize,
@@ -66,7 +68,21 @@ impl Sampler {
                 "rank {rank} is not below world_size {world_size}"
             )));
         }
-        let step = world_size * batch_size;
+        let Some(step) = world_size.checked_mul(batch_size) else {
+            return Err(Error::InvalidConfig(format!(
+                "world_size {world_size} x batch_size {batch_size} overflows"
+            )));
+        };
+        if len == 0 {
+            return Err(Error::InvalidConfig("the sampler has no samples".into()));
+        }
+        if drop_last && len < step {
+            return Err(Error::InvalidConfig(format!(
+                "with drop_last, {len} samples make no full batch of {batch_size} on each of \
+                 {world_size} ranks (an epoch of 0 batches): lower batch_size or set \
+                 drop_last(false)"
+            )));
+        }
         let tail = len % step;
         if !drop_last && tail > 0 && tail < world_size && (len < step || batch_size == 1) {
             return Err(Error::InvalidConfig(format!(
@@ -202,7 +218,8 @@ mod tests {
                         if Sampler::new(len, bs, None, drop_last, 0, ws).is_ok() {
                             check_shards(len, bs, ws, drop_last);
                         } else {
-                            assert!(!drop_last);
+                            // drop_last fails only where it would leave no batch.
+                            assert!(!drop_last || len < bs * ws);
                         }
                     }
                 }
@@ -223,5 +240,32 @@ mod tests {
         let mut sorted = s.order(0);
         sorted.sort();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_sampler_that_builds_has_batches() {
+        for len in 0..70 {
+            for bs in 1..6 {
+                for ws in 1..5 {
+                    for drop_last in [true, false] {
+                        if let Ok(s) = Sampler::new(len, bs, None, drop_last, 0, ws) {
+                            assert!(
+                                s.num_batches() > 0,
+                                "len {len} bs {bs} ws {ws} drop_last {drop_last}: 0 batches"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let err = Sampler::new(5, 8, None, true, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("drop_last"), "{err}");
+    }
+
+    #[test]
+    fn an_overflowing_rank_times_batch_is_an_error() {
+        assert!(Sampler::new(10, usize::MAX / 2, None, false, 0, 4).is_err());
     }
 }
