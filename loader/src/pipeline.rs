@@ -975,25 +975,43 @@ fn feed(
             }));
             shared.counters.batch_started();
         };
+        // A panic in a streamed read (user `Source` code, on this thread)
+        // fails the batch being read and ends the epoch; the feeder lives on.
+        let caught = |what: String, f: &mut dyn FnMut() -> Result<Vec<PreRead>>| {
+            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+                Err(Error::WorkerPanic {
+                    key: what,
+                    message: panic_message(payload.as_ref()),
+                })
+            })
+        };
+        let mut skipped = Ok(Vec::new());
         if let Some(stream) = &mut stream {
             // Resuming a stream: read past the batches before `start`.
             let skip = plan
                 .batches
                 .get(..start)
                 .map_or(0, |b| b.iter().map(|r| r.len()).sum());
-            stream.0.by_ref().take(skip).for_each(drop);
+            skipped = caught(format!("the records before batch {start}"), &mut || {
+                stream.0.by_ref().take(skip).for_each(drop);
+                Ok(Vec::new())
+            });
         }
         for index in start..plan.batches.len() {
-            let pre = match &mut stream {
-                Some(stream) => match read_batch(&plan, index, &mut stream.0) {
-                    Ok(pre) => pre,
-                    Err(e) => {
-                        fail(index, e);
-                        dispatched += 1;
-                        break;
-                    }
-                },
-                None => Vec::new(),
+            let pre = match (&mut stream, std::mem::replace(&mut skipped, Ok(Vec::new()))) {
+                (_, Err(e)) => Err(e),
+                (Some(stream), Ok(_)) => caught(format!("batch {index} (streamed)"), &mut || {
+                    read_batch(&plan, index, &mut stream.0)
+                }),
+                (None, Ok(_)) => Ok(Vec::new()),
+            };
+            let pre = match pre {
+                Ok(pre) => pre,
+                Err(e) => {
+                    fail(index, e);
+                    dispatched += 1;
+                    break;
+                }
             };
             let mut buf = match shared.pool.acquire(&cancel) {
                 None => break,
@@ -1119,6 +1137,14 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Reads, decodes and transforms sample `index` into `slot`.
+/// `Source::key(index)`, or `#index` when the user's `key` panics too (it
+/// is asked for on the error path, where a source that panicked in `read`
+/// often panics again).
+fn safe_key(shared: &Shared, index: usize) -> String {
+    catch_unwind(AssertUnwindSafe(|| shared.source.key(index)))
+        .unwrap_or_else(|_| format!("#{index}"))
+}
+
 fn process(
     shared: &Shared,
     epoch: u64,
@@ -1180,11 +1206,11 @@ fn process(
     match result {
         Ok(Ok((key, label))) => Outcome::Ok { key, label },
         Ok(Err((key, error))) => Outcome::Failed {
-            key: key.unwrap_or_else(|| shared.source.key(index)),
+            key: key.unwrap_or_else(|| safe_key(shared, index)),
             error,
         },
         Err(payload) => {
-            let key = shared.source.key(index);
+            let key = safe_key(shared, index);
             Outcome::Failed {
                 error: Error::WorkerPanic {
                     key: key.clone(),
@@ -1320,7 +1346,19 @@ impl Filling {
             // included, has completed (`left`).
             let slot = unsafe { self.slots[j].slot() };
             let shared = &self.shared;
-            let outcome = process(shared, self.epoch, indices[j], slot, &self.cancel, pre);
+            // `process` catches the sample's own panics; this catches the
+            // rest, so `left` always reaches 0 (an unwind out of a rayon job
+            // would abort the process: the pool has no panic handler).
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                process(shared, self.epoch, indices[j], slot, &self.cancel, pre)
+            }))
+            .unwrap_or_else(|payload| Outcome::Failed {
+                key: safe_key(shared, indices[j]),
+                error: Error::WorkerPanic {
+                    key: safe_key(shared, indices[j]),
+                    message: panic_message(payload.as_ref()),
+                },
+            });
             *crate::lock(&self.outcomes[j]) = Some(outcome);
             // AcqRel: every slot's writes happen before `finish` reads.
             if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
