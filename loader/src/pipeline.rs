@@ -1157,6 +1157,10 @@ fn process(
         return Outcome::Cancelled;
     }
     let _pass = shared.knobs.gate.enter();
+    // Again: the wait for a worker slot may have outlasted the epoch.
+    if cancel.load(Ordering::Relaxed) {
+        return Outcome::Cancelled;
+    }
     let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
