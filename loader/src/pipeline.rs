@@ -977,36 +977,37 @@ fn feed(
         };
         // A panic in a streamed read (user `Source` code, on this thread)
         // fails the batch being read and ends the epoch; the feeder lives on.
-        let caught = |what: String, f: &mut dyn FnMut() -> Result<Vec<PreRead>>| {
-            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-                Err(Error::WorkerPanic {
-                    key: what,
-                    message: panic_message(payload.as_ref()),
-                })
-            })
-        };
-        let mut skipped = Ok(Vec::new());
+        // A dropped epoch stops the reads between records.
+        let mut skipped = Ok(());
         if let Some(stream) = &mut stream {
             // Resuming a stream: read past the batches before `start`.
             let skip = plan
                 .batches
                 .get(..start)
                 .map_or(0, |b| b.iter().map(|r| r.len()).sum());
-            skipped = caught(format!("the records before batch {start}"), &mut || {
-                stream.0.by_ref().take(skip).for_each(drop);
-                Ok(Vec::new())
+            skipped = caught(format!("the records before batch {start}"), || {
+                for _ in 0..skip {
+                    if cancel.load(Ordering::Relaxed) || stream.0.next().is_none() {
+                        break;
+                    }
+                }
+                Ok(())
             });
         }
         for index in start..plan.batches.len() {
-            let pre = match (&mut stream, std::mem::replace(&mut skipped, Ok(Vec::new()))) {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let pre = match (&mut stream, std::mem::replace(&mut skipped, Ok(()))) {
                 (_, Err(e)) => Err(e),
-                (Some(stream), Ok(_)) => caught(format!("batch {index} (streamed)"), &mut || {
-                    read_batch(&plan, index, &mut stream.0)
+                (Some(stream), Ok(())) => caught(format!("batch {index} (streamed)"), || {
+                    read_batch(&plan, index, &mut stream.0, &cancel)
                 }),
-                (None, Ok(_)) => Ok(Vec::new()),
+                (None, Ok(())) => Ok(Some(Vec::new())),
             };
             let pre = match pre {
-                Ok(pre) => pre,
+                Ok(Some(pre)) => pre,
+                Ok(None) => break,
                 Err(e) => {
                     fail(index, e);
                     dispatched += 1;
@@ -1066,29 +1067,43 @@ fn feed(
 }
 
 /// Reads batch `index`'s records from the epoch's stream, checking that
-/// they come in the plan's order.
+/// they come in the plan's order; `None` once `cancel` is set.
 fn read_batch(
     plan: &Plan,
     index: usize,
     stream: &mut (dyn Iterator<Item = Streamed> + Send),
-) -> Result<Vec<PreRead>> {
-    plan.order[plan.batches[index].clone()]
-        .iter()
-        .map(|&want| {
-            let t = Instant::now();
-            match stream.next() {
-                Some((got, record)) if got == want => Ok(Some((record, t.elapsed()))),
-                _ => Err(Error::PipelineStopped {
+    cancel: &AtomicBool,
+) -> Result<Option<Vec<PreRead>>> {
+    let mut records = Vec::with_capacity(plan.batches[index].len());
+    for &want in &plan.order[plan.batches[index].clone()] {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        match stream.next() {
+            Some((got, record)) if got == want => records.push(Some((record, t.elapsed()))),
+            _ => {
+                return Err(Error::PipelineStopped {
                     delivered: index,
                     expected: plan.batches.len(),
-                }),
+                })
             }
-        })
-        .collect()
+        }
+    }
+    Ok(Some(records))
 }
 
-/// Stores a freshly read sample in the cache (decoding it first for
-/// [`CacheMode::Decoded`]) and returns what the transform should use.
+/// Runs `f` (user code on a loader thread), turning a panic into an error
+/// naming `what`.
+fn caught<T>(what: String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(Error::WorkerPanic {
+            key: what,
+            message: panic_message(payload.as_ref()),
+        })
+    })
+}
+
 fn fill_cache(
     shared: &Shared,
     cache: &Cache,

@@ -33,19 +33,30 @@ fn samples_waiting_for_a_worker_are_not_read_after_the_epoch_is_dropped() {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return; // one pool thread: nothing waits at the gate
     }
-    let (dropping, late) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let (dropping, late) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
     let source = Slow {
         png: encode(&pattern(8, 8, 2), image::ImageFormat::Png),
         dropping: dropping.clone(),
         late: late.clone(),
     };
     // AUTOTUNE workers: one active, the other pool threads wait at the gate.
-    let mut loader = Loader::builder(source).batch_size(2).image_size(8).build().unwrap();
+    let mut loader = Loader::builder(source)
+        .batch_size(2)
+        .image_size(8)
+        .build()
+        .unwrap();
     let mut epoch = loader.epoch(0);
     epoch.next().unwrap().unwrap();
     // Halfway through the next sample's read: the one after it waits.
     std::thread::sleep(Duration::from_millis(100));
     dropping.store(true, Ordering::SeqCst);
     drop(epoch);
-    assert_eq!(late.load(Ordering::SeqCst), 0, "samples were read after the drop");
+    assert_eq!(
+        late.load(Ordering::SeqCst),
+        0,
+        "samples were read after the drop"
+    );
 }
