@@ -969,11 +969,13 @@ fn feed(
         let mut dispatched = 0;
         // Reports batch `index` as failed; the epoch stops after it.
         let fail = |index, e| {
+            // Counted before the uploader can count it done (the in-flight
+            // gauge never reads below zero).
+            shared.counters.batch_started();
             let _ = done.send(Msg::Done(Filled {
                 index,
                 result: Some(Err(e)),
             }));
-            shared.counters.batch_started();
         };
         // A panic in a streamed read (user `Source` code, on this thread)
         // fails the batch being read and ends the epoch; the feeder lives on.

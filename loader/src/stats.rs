@@ -32,7 +32,9 @@ pub(crate) struct Counters {
     workers: AtomicU64,
     cache_bytes: AtomicU64,
     cache_hits: AtomicU64,
-    skipped_keys: Mutex<Vec<String>>,
+    /// Distinct skipped keys in first-seen order, and the set of them.
+    skipped_keys: Mutex<(Vec<String>, std::collections::HashSet<String>)>,
+    skipped_total: AtomicU64,
     clock: Mutex<Clock>,
 }
 
@@ -107,9 +109,14 @@ impl Counters {
         self.decoded_bytes.fetch_add(t.decoded_bytes, Relaxed);
     }
 
+    /// A sample was left out under the skip policy. Its key is listed once
+    /// however many epochs skip it, so the list stays as long as the
+    /// dataset's bad samples.
     pub(crate) fn skipped(&self, key: String) {
-        if let Ok(mut keys) = self.skipped_keys.lock() {
-            keys.push(key);
+        self.skipped_total.fetch_add(1, Relaxed);
+        let mut keys = crate::lock(&self.skipped_keys);
+        if keys.1.insert(key.clone()) {
+            keys.0.push(key);
         }
     }
 
@@ -329,11 +336,8 @@ impl Counters {
             ),
             consumer_wait_max: Duration::from_nanos(self.wait_max_ns.load(Relaxed)),
             consumer_wait_last: Duration::from_nanos(self.last_wait_ns.load(Relaxed)),
-            skipped: self
-                .skipped_keys
-                .lock()
-                .map(|k| k.clone())
-                .unwrap_or_default(),
+            skipped: crate::lock(&self.skipped_keys).0.clone(),
+            skipped_samples: self.skipped_total.load(Relaxed),
         }
     }
 }
@@ -409,9 +413,12 @@ pub struct Stats {
     pub consumer_wait_max: Duration,
     /// Wait for the most recent batch.
     pub consumer_wait_last: Duration,
-    /// Keys of the samples left out under the skip policy, in the order
-    /// they were found.
+    /// Keys of the samples left out under the skip policy, each once, in
+    /// the order they were first found.
     pub skipped: Vec<String>,
+    /// Samples left out under the skip policy, counted every time (a bad
+    /// sample skipped in 50 epochs counts 50).
+    pub skipped_samples: u64,
 }
 
 impl Stats {

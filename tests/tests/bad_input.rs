@@ -110,3 +110,28 @@ fn skip_policy_counts_and_lists_bad_files_and_delivers_the_rest() {
     assert_eq!(stats.skipped.len(), 3);
     assert_eq!(stats.samples, 12);
 }
+
+#[test]
+fn skipped_keys_are_listed_once_however_many_epochs_skip_them() {
+    let png = tests::encode(&tests::pattern(8, 8, 4), image::ImageFormat::Png);
+    let records: Vec<candle_wick::Record> = (0..8)
+        .map(|i| {
+            let bytes = if i == 5 { Vec::new() } else { png.clone() };
+            candle_wick::Record::encoded(format!("s{i}"), bytes, 0)
+        })
+        .collect();
+    let mut loader = Loader::builder(candle_wick::MemorySource::new(records))
+        .batch_size(4)
+        .image_size(8)
+        .bad_samples(BadSamples::Skip)
+        .build()
+        .unwrap();
+    for epoch in 0..50 {
+        for b in loader.epoch(epoch) {
+            b.unwrap();
+        }
+    }
+    let stats = loader.stats();
+    assert_eq!(stats.skipped, ["s5"], "one key, not one per epoch");
+    assert_eq!(stats.skipped_samples, 50);
+}

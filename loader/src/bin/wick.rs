@@ -360,7 +360,7 @@ fn bench_with(
         consumer_wait_p99_ms: us(s.consumer_wait_p99) / 1e3,
         verdict: s.verdict.to_string(),
         loader_memory_peak_mb: s.memory_peak as f64 / 1e6,
-        skipped: s.skipped.len(),
+        skipped: s.skipped_samples as usize,
         autotune: loader
             .autotune_history()
             .into_iter()
