@@ -30,14 +30,26 @@ pub(crate) struct Gate {
     cv: Condvar,
 }
 
-/// Holds a place in a [`Gate`] until dropped.
+/// Holds a place in a [`Gate`] until dropped (`None`: a nested entry on a
+/// thread that already holds one, which takes no place).
 #[derive(Debug)]
-pub(crate) struct GatePass<'a>(&'a Gate);
+pub(crate) struct GatePass<'a>(Option<&'a Gate>);
+
+std::thread_local! {
+    /// Whether this thread holds a pass of some gate. A `Source` that uses
+    /// rayon inside `read` lets this pool thread run another sample while it
+    /// waits (work stealing); that sample must not wait for the pass its own
+    /// thread holds, or the pool deadlocks.
+    static HOLDS_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 impl Drop for GatePass<'_> {
     fn drop(&mut self) {
-        self.0.lock().1 -= 1;
-        self.0.cv.notify_one();
+        if let Some(gate) = self.0 {
+            HOLDS_PASS.with(|h| h.set(false));
+            gate.lock().1 -= 1;
+            gate.cv.notify_one();
+        }
     }
 }
 
@@ -53,13 +65,20 @@ impl Gate {
         crate::lock(&self.state)
     }
 
+    /// Waits for a place, unless this thread already holds one: a nested
+    /// entry (rayon running another sample inside a sample on this thread)
+    /// goes through at once, since it adds no parallelism.
     pub(crate) fn enter(&self) -> GatePass<'_> {
+        if HOLDS_PASS.with(|h| h.get()) {
+            return GatePass(None);
+        }
         let mut st = self.lock();
         while st.1 >= st.0 {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st.1 += 1;
-        GatePass(self)
+        HOLDS_PASS.with(|h| h.set(true));
+        GatePass(Some(self))
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -397,7 +416,15 @@ mod tests {
     fn gate_admits_at_most_its_limit() {
         let gate = Arc::new(Gate::new(2));
         let a = gate.enter();
-        let _b = gate.enter();
+        // A second pass, held by another thread until told to let go.
+        let (g, (go_tx, go_rx)) = (gate.clone(), std::sync::mpsc::channel::<()>());
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let second = std::thread::spawn(move || {
+            let _p = g.enter();
+            held_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        held_rx.recv().unwrap();
         let g = gate.clone();
         let third = std::thread::spawn(move || {
             let _p = g.enter();
@@ -406,7 +433,21 @@ mod tests {
         assert!(!third.is_finished());
         drop(a);
         third.join().unwrap();
+        go_tx.send(()).unwrap();
+        second.join().unwrap();
         gate.set_limit(0);
         assert_eq!(gate.limit(), 1, "never below one");
+    }
+
+    #[test]
+    fn a_nested_entry_on_the_same_thread_does_not_wait() {
+        let gate = Gate::new(1);
+        let outer = gate.enter();
+        // rayon running another sample inside this one, on this thread.
+        let inner = gate.enter();
+        drop(inner);
+        assert_eq!(gate.lock().1, 1, "the nested entry took no place");
+        drop(outer);
+        assert_eq!(gate.lock().1, 0);
     }
 }
