@@ -43,7 +43,12 @@ struct Shard {
 /// A dataset of safetensors shards; see the module docs for the layouts.
 ///
 /// The shard files are memory-mapped: they must not be modified or
-/// truncated while a loader reads them.
+/// truncated while the source is open. This is a contract on the files, not
+/// something the loader can check: a process writing a mapped shard changes
+/// bytes Rust code holds as `&[u8]` (undefined behaviour), and truncating it
+/// makes the next read of the lost pages raise `SIGBUS`, which ends the
+/// process. Write new shards under new names (or rename over old ones, which
+/// keeps the mapped file intact) instead of rewriting them in place.
 ///
 /// ```no_run
 /// use candle_wick::{Loader, SafetensorsShards};
@@ -94,9 +99,12 @@ impl SafetensorsShards {
             let path = path.as_ref();
             let (file, _) = open_shard(path)?;
             // SAFETY: the map is read-only and every access below is
-            // bounds-checked against its length. Its contents can change
-            // only if another process writes the file, which the type's docs
-            // forbid; that would give wrong samples, not unsound Rust.
+            // bounds-checked against its length. That is sound only while no
+            // one writes or truncates the file, which this module cannot
+            // enforce: a concurrent write is undefined behaviour (bytes
+            // behind `&[u8]` change) and a truncation is SIGBUS on the next
+            // read of a lost page. The type's docs state the contract; a
+            // rename over the file keeps the mapping valid.
             let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
                 path: path.to_path_buf(),
                 source,
