@@ -549,18 +549,59 @@ impl Drop for Pending {
     }
 }
 
-/// Messages to the uploader, in the order the feeder sends them.
+/// Messages to the uploader, in the order the feeder sends them. Each
+/// carries its epoch's generation (one per `Loader::epoch_from` call), so a
+/// late message of an epoch that was forgotten (`mem::forget`) is never
+/// taken for the running one's.
 #[derive(Debug)]
 enum Msg {
     Begin {
+        gen: u64,
         out: Sender<Result<Pending>>,
         first: usize,
         cancel: Arc<AtomicBool>,
     },
-    Done(Filled),
+    Done(u64, Filled),
     End {
+        gen: u64,
         dispatched: usize,
     },
+}
+
+/// The uploader's acknowledgements: the newest generation whose dispatched
+/// batches are all back (`u64::MAX` once the uploader has exited). A
+/// condition variable, not a channel: an acknowledgement nobody waits for
+/// (a forgotten epoch's) can neither block the uploader nor be mistaken
+/// for a later epoch's.
+#[derive(Debug, Default)]
+struct Acks {
+    done: Mutex<u64>,
+    cv: std::sync::Condvar,
+}
+
+impl Acks {
+    fn ack(&self, gen: u64) {
+        let mut done = crate::lock(&self.done);
+        *done = (*done).max(gen);
+        self.cv.notify_all();
+    }
+
+    /// Blocks until generation `gen` (or any later one) is acknowledged.
+    fn wait(&self, gen: u64) {
+        let mut done = crate::lock(&self.done);
+        while *done < gen {
+            done = self.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Acknowledges everything when the uploader thread ends, however it ends.
+struct AckOnExit<'a>(&'a Acks);
+
+impl Drop for AckOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.ack(u64::MAX);
+    }
 }
 
 /// How epochs are ordered: a sampler over random access, or shard streams.
@@ -595,6 +636,7 @@ type PreRead = Option<(Result<Record>, Duration)>;
 #[derive(Debug)]
 struct EpochCmd {
     epoch: u64,
+    gen: u64,
     plan: Plan,
     stream: Option<RecordIter>,
     start: usize,
@@ -611,7 +653,10 @@ pub struct Loader {
     shared: Arc<Shared>,
     order: Order,
     cmd: Option<Sender<EpochCmd>>,
-    ack: Receiver<()>,
+    acks: Arc<Acks>,
+    /// The generation of the newest epoch, and its cancel flag.
+    gen: u64,
+    current: Option<Arc<AtomicBool>>,
     threads: Vec<JoinHandle<()>>,
     decode_pool: Option<Arc<rayon::ThreadPool>>,
     decode_threads: DecodeThreads,
@@ -689,12 +734,14 @@ impl Loader {
         // Begin, one message per batch in flight, End: sends never block.
         let (done_tx, done_rx) = bounded::<Msg>(in_flight + 2);
         let (cmd_tx, cmd_rx) = bounded::<EpochCmd>(1);
-        let (ack_tx, ack_rx) = bounded::<()>(1);
+        let acks = Arc::new(Acks::default());
         let mut loader = Loader {
             shared: shared.clone(),
             order,
             cmd: Some(cmd_tx),
-            ack: ack_rx,
+            acks: acks.clone(),
+            gen: 0,
+            current: None,
             threads: Vec::new(),
             decode_pool: Some(decode_pool.clone()),
             decode_threads: handles,
@@ -705,7 +752,8 @@ impl Loader {
             feed(&feeder_shared, &decode_pool, &cmd_rx, &done_tx);
         })?;
         loader.spawn("wick-upload", move || {
-            upload_loop(&shared, &done_rx, &ack_tx)
+            let _exit = AckOnExit(&acks);
+            upload_loop(&shared, &done_rx, &acks)
         })?;
         Ok(loader)
     }
@@ -741,9 +789,19 @@ impl Loader {
         };
         let start = start.min(total);
         let (out_tx, out_rx) = bounded(self.prefetch);
+        // An earlier epoch still running was forgotten (`mem::forget`; a
+        // dropped one is cancelled already): stop it, or its batches would
+        // hold the pool and the uploader.
+        if let Some(old) = self.current.take() {
+            old.store(true, Ordering::Release);
+            self.shared.pool.wake();
+        }
         let cancel = Arc::new(AtomicBool::new(false));
+        self.current = Some(cancel.clone());
+        self.gen += 1;
         let cmd = EpochCmd {
             epoch,
+            gen: self.gen,
             plan,
             stream,
             start,
@@ -757,6 +815,7 @@ impl Loader {
             expected: total - start,
             rx: started.then_some(out_rx),
             cancel,
+            gen: self.gen,
             loader: self,
         }
     }
@@ -832,6 +891,11 @@ impl Drop for Loader {
     fn drop(&mut self) {
         // Closing the command channel ends the feeder, whose end closes the
         // uploader's input; then the decode pool's threads are told to exit.
+        // An epoch still running was forgotten: stop it first.
+        if let Some(c) = self.current.take() {
+            c.store(true, Ordering::Release);
+            self.shared.pool.wake();
+        }
         self.cmd.take();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -858,6 +922,7 @@ pub struct Epoch<'a> {
     loader: &'a mut Loader,
     rx: Option<Receiver<Result<Pending>>>,
     cancel: Arc<AtomicBool>,
+    gen: u64,
     remaining: usize,
     expected: usize,
 }
@@ -935,7 +1000,7 @@ impl Drop for Epoch<'_> {
         self.loader.shared.pool.wake();
         if self.rx.take().is_some() {
             // The uploader acknowledges once every dispatched batch is back.
-            let _ = self.loader.ack.recv();
+            self.loader.acks.wait(self.gen);
         }
         self.loader.shared.counters.epoch_ended();
     }
@@ -951,6 +1016,7 @@ fn feed(
     for cmd in cmds {
         let EpochCmd {
             epoch,
+            gen,
             plan,
             mut stream,
             start,
@@ -958,6 +1024,7 @@ fn feed(
             out,
         } = cmd;
         let begin = Msg::Begin {
+            gen,
             out,
             first: start,
             cancel: cancel.clone(),
@@ -972,10 +1039,13 @@ fn feed(
             // Counted before the uploader can count it done (the in-flight
             // gauge never reads below zero).
             shared.counters.batch_started();
-            let _ = done.send(Msg::Done(Filled {
-                index,
-                result: Some(Err(e)),
-            }));
+            let _ = done.send(Msg::Done(
+                gen,
+                Filled {
+                    index,
+                    result: Some(Err(e)),
+                },
+            ));
         };
         // A panic in a streamed read (user `Source` code, on this thread)
         // fails the batch being read and ends the epoch; the feeder lives on.
@@ -1046,7 +1116,7 @@ fn feed(
                 shared.clone(),
                 plan.clone(),
                 index,
-                epoch,
+                (epoch, gen),
                 cancel.clone(),
                 done.clone(),
                 (buf, slots),
@@ -1062,7 +1132,7 @@ fn feed(
                 decode_pool.spawn_fifo(move || job.run());
             }
         }
-        if done.send(Msg::End { dispatched }).is_err() {
+        if done.send(Msg::End { gen, dispatched }).is_err() {
             return;
         }
     }
@@ -1300,6 +1370,7 @@ struct Filling {
     plan: Arc<Plan>,
     index: usize,
     epoch: u64,
+    gen: u64,
     cancel: Arc<AtomicBool>,
     done: Sender<Msg>,
     /// The buffer the slots point into; taken by `finish`.
@@ -1322,7 +1393,7 @@ impl Filling {
         shared: Arc<Shared>,
         plan: Arc<Plan>,
         index: usize,
-        epoch: u64,
+        (epoch, gen): (u64, u64),
         cancel: Arc<AtomicBool>,
         done: Sender<Msg>,
         (buf, slots): (HostBuf, Vec<RawSlot>),
@@ -1335,6 +1406,7 @@ impl Filling {
             plan,
             index,
             epoch,
+            gen,
             cancel,
             done,
             // The slots point into the buffer's heap memory, which moving
@@ -1402,7 +1474,7 @@ impl Filling {
                 })),
             }
         });
-        let _ = self.done.send(Msg::Done(filled));
+        let _ = self.done.send(Msg::Done(self.gen, filled));
     }
 
     /// Compacts the kept samples to the front of the buffer and builds the
@@ -1478,6 +1550,7 @@ impl Filling {
 
 /// The uploader's view of the running epoch.
 struct Running {
+    gen: u64,
     out: Option<Sender<Result<Pending>>>,
     cancel: Arc<AtomicBool>,
     next: usize,
@@ -1486,13 +1559,34 @@ struct Running {
     dispatched: Option<usize>,
 }
 
+/// Gives back what a batch that will never be delivered holds: its buffer
+/// (a batch that failed or was cancelled gave it back already).
+fn discard(shared: &Shared, result: Option<Result<HostBatch>>) {
+    if let Some(Ok(host)) = result {
+        shared.pool.release(Some(host.buf));
+    }
+    shared.counters.batch_dropped();
+}
+
 /// The uploader thread: reorder, upload, hand over.
-fn upload_loop(shared: &Shared, done: &Receiver<Msg>, ack: &Sender<()>) {
+fn upload_loop(shared: &Shared, done: &Receiver<Msg>, acks: &Acks) {
     let mut running: Option<Running> = None;
     for msg in done {
         match msg {
-            Msg::Begin { out, first, cancel } => {
+            Msg::Begin {
+                gen,
+                out,
+                first,
+                cancel,
+            } => {
+                // An epoch still running here was forgotten and then
+                // cancelled: what it left is given back; its late batches
+                // are discarded as they come (their generation is old).
+                if let Some(old) = running.take() {
+                    old.pending.into_values().for_each(|r| discard(shared, r));
+                }
                 running = Some(Running {
+                    gen,
                     out: Some(out),
                     cancel,
                     next: first,
@@ -1501,26 +1595,28 @@ fn upload_loop(shared: &Shared, done: &Receiver<Msg>, ack: &Sender<()>) {
                     dispatched: None,
                 });
             }
-            Msg::Done(filled) => {
-                if let Some(r) = running.as_mut() {
+            Msg::Done(gen, filled) => match running.as_mut() {
+                Some(r) if r.gen == gen => {
                     r.received += 1;
                     r.pending.insert(filled.index, filled.result);
                     flush(shared, r);
                 }
-            }
-            Msg::End { dispatched } => {
-                if let Some(r) = running.as_mut() {
+                _ => discard(shared, filled.result),
+            },
+            Msg::End { gen, dispatched } => {
+                if let Some(r) = running.as_mut().filter(|r| r.gen == gen) {
                     r.dispatched = Some(dispatched);
                 }
             }
         }
-        if running
+        if let Some(gen) = running
             .as_ref()
-            .is_some_and(|r| r.dispatched == Some(r.received))
+            .filter(|r| r.dispatched == Some(r.received))
+            .map(|r| r.gen)
         {
             // Dropping the epoch's sender ends its channel after the last batch.
             running = None;
-            let _ = ack.send(());
+            acks.ack(gen);
         }
     }
 }
@@ -1596,8 +1692,22 @@ fn flush(shared: &Shared, r: &mut Running) {
             {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            if out.send(item).is_err() {
-                r.out = None;
+            // Never blocks for good: an epoch forgotten with a full channel
+            // has a receiver nobody reads, and is cancelled.
+            let mut item = item;
+            loop {
+                match out.send_timeout(item, Duration::from_millis(20)) {
+                    Ok(()) => break,
+                    Err(crossbeam_channel::SendTimeoutError::Timeout(back))
+                        if !r.cancel.load(Ordering::Relaxed) =>
+                    {
+                        item = back;
+                    }
+                    Err(_) => {
+                        r.out = None;
+                        break;
+                    }
+                }
             }
         }
     }
