@@ -36,6 +36,8 @@ enum Payload {
 #[derive(Debug)]
 struct Entry {
     payload: Payload,
+    /// The key the read gave (a source's `key()` may name it otherwise).
+    key: Box<str>,
     label: u32,
     rgb_size: Option<(usize, usize)>,
 }
@@ -95,8 +97,8 @@ impl Cache {
         }
     }
 
-    /// The cached sample `index`, named `key`.
-    pub(crate) fn get(&self, index: usize, key: impl FnOnce() -> String) -> Option<Result<Record>> {
+    /// The cached sample `index`, with the key its read gave.
+    pub(crate) fn get(&self, index: usize) -> Option<Result<Record>> {
         let e = self.entries.get(index)?.get()?;
         let bytes = match &e.payload {
             Payload::Memory(b) => Ok(b.to_vec()),
@@ -107,7 +109,7 @@ impl Cache {
             }
         };
         Some(bytes.map(|bytes| Record {
-            key: key(),
+            key: e.key.to_string(),
             bytes,
             label: e.label,
             rgb_size: e.rgb_size,
@@ -124,7 +126,8 @@ impl Cache {
         if slot.get().is_some() || self.full.load(Relaxed) {
             return false;
         }
-        let len = r.bytes.len() as u64;
+        // The key is held in memory in both modes; it counts with the pixels.
+        let len = (r.bytes.len() + r.key.len()) as u64;
         let payload = match &self.disk {
             None => {
                 let after = self.bytes.load(Relaxed) + len;
@@ -142,13 +145,18 @@ impl Cache {
                     self.full.store(true, Relaxed);
                     return false;
                 }
-                w.1 += len;
-                Payload::Disk { offset, len }
+                let on_disk = r.bytes.len() as u64;
+                w.1 += on_disk;
+                Payload::Disk {
+                    offset,
+                    len: on_disk,
+                }
             }
         };
         let stored = slot
             .set(Entry {
                 payload,
+                key: r.key.as_str().into(),
                 label: r.label,
                 rgb_size: r.rgb_size,
             })

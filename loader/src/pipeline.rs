@@ -1251,10 +1251,7 @@ fn process(
     let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
-        let cached = shared
-            .cache
-            .as_ref()
-            .and_then(|c| c.get(index, || shared.source.key(index)));
+        let cached = shared.cache.as_ref().and_then(|c| c.get(index));
         let hit = cached.is_some();
         let (record, read) = match (cached, pre) {
             (Some(r), _) => {

@@ -1,6 +1,6 @@
 //! `cache` and `cache_to`: the first epoch fills the cache, later epochs
 //! read nothing from the source, batches are bit-identical to an uncached
-//! run, and what does not fit the budget stays uncached (no eviction).
+//! run (keys included), and what does not fit the budget stays uncached (no eviction).
 
 use candle_wick::{CacheMode, ImageFolder, Loader, Output, Record, Source, Transforms};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,15 +44,12 @@ fn run(
     for epoch in 0..3 {
         let before = reads.load(Ordering::Relaxed);
         for batch in l.epoch(epoch) {
-            images.push(
-                batch
-                    .unwrap()
-                    .images
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<u8>()
-                    .unwrap(),
-            );
+            let batch = batch.unwrap();
+            let mut seen = batch.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            // The keys too: a cache hit must name the sample as a read does
+            // (`Counting` keeps `Source::key`'s default, not the path).
+            seen.extend(batch.keys.join("\n").into_bytes());
+            images.push(seen);
         }
         per_epoch.push(reads.load(Ordering::Relaxed) - before);
     }
