@@ -255,7 +255,12 @@ impl LoaderBuilder {
     }
 
     /// Drop the short last batch (and, when sharded, any tail that cannot
-    /// give every rank a full batch). Default `false`: every sample is used.
+    /// give every rank a full batch). Default `false`: with random access
+    /// every sample is used every epoch. In the streaming mode with several
+    /// ranks an epoch stops at the batch count every rank's shards fill;
+    /// the records a rank holds beyond it are read in other epochs, which
+    /// deal the shards differently (reshuffled with a seed, rotated by one
+    /// shard per epoch without).
     pub fn drop_last(mut self, yes: bool) -> Self {
         self.drop_last = yes;
         self

@@ -200,17 +200,41 @@ impl StreamPlanner {
             interleave,
             buffer,
         };
-        if (0..4).any(|e| p.num_batches(e) == 0) {
-            return bad("a rank's shards hold less than one batch: lower batch_size or set drop_last(false)".into());
+        // Every epoch must give every rank a batch. Without a seed the deal
+        // repeats every `shards` epochs: check them all. With one, any deal
+        // can come up: the rank dealt the fewest, smallest shards must
+        // still fill a batch.
+        let empty_epoch = match seed {
+            None => (0..shards.len() as u64).any(|e| p.num_batches(e) == 0),
+            Some(_) => {
+                let mut sizes: Vec<usize> = shards.iter().map(|s| s.records).collect();
+                sizes.sort_unstable();
+                let fewest = shards.len() / world_size;
+                p.batches_of(sizes[..fewest].iter().sum()) == 0
+            }
+        };
+        if empty_epoch {
+            return bad(
+                "some epoch would deal a rank shards that hold less than one batch (an epoch of 0 \
+                 batches on every rank): lower batch_size, set drop_last(false), or balance the \
+                 shards"
+                    .into(),
+            );
         }
         Ok(p)
     }
 
-    /// This epoch's shard order, the same on every rank.
+    /// This epoch's shard order, the same on every rank: a seeded shuffle,
+    /// or without a seed the written order rotated by one shard per epoch
+    /// (epoch 0 as written), so that the shards a rank cannot fit in one
+    /// epoch are dealt to other positions in the next.
     fn shard_order(&self, epoch: u64) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.shards.len()).collect();
-        if let Some(seed) = self.seed {
-            order.shuffle(&mut keyed_rng(seed, epoch, Purpose::ShardShuffle, 0));
+        let n = self.shards.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        match self.seed {
+            Some(seed) => order.shuffle(&mut keyed_rng(seed, epoch, Purpose::ShardShuffle, 0)),
+            None if n > 0 => order.rotate_left((epoch % n as u64) as usize),
+            None => {}
         }
         order
     }
@@ -234,8 +258,8 @@ impl StreamPlanner {
 
     /// Batches every rank gets in `epoch`: the fewest any rank's shards
     /// fill, so that data-parallel ranks step together. A rank with more
-    /// records stops there (its surplus is read in other epochs, when the
-    /// shards are dealt differently).
+    /// records stops there; its surplus is read in other epochs, which deal
+    /// the shards differently (reshuffled with a seed, rotated without).
     pub(crate) fn num_batches(&self, epoch: u64) -> usize {
         (0..self.world_size)
             .map(|r| {
@@ -441,5 +465,61 @@ mod tests {
         // No seed: shard order and records as written, interleaved.
         let plain = p(None, 16).plan(0).order;
         assert_eq!(&plain[..4], &[0, 50, 1, 51]);
+    }
+
+    fn batch_indices(p: &Plan) -> Vec<usize> {
+        p.batches
+            .iter()
+            .flat_map(|r| p.order[r.clone()].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn without_a_seed_the_records_a_rank_cannot_fit_are_read_in_later_epochs() {
+        // 3 shards of 10, 2 ranks, batch 4: one rank holds 20 records and
+        // the other 10, so each epoch stops at 3 batches per rank.
+        let sh = shards(&[10, 10, 10]);
+        let il = Interleave {
+            cycle_length: 1,
+            block_length: 1,
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for epoch in 0..3 {
+            for r in 0..2 {
+                let p = StreamPlanner::new(&sh, 4, None, false, (r, 2), il, 1).unwrap();
+                seen.extend(batch_indices(&p.plan(epoch)));
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            30,
+            "records never read: {:?}",
+            (0..30).filter(|i| !seen.contains(i)).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_planner_that_builds_has_batches_in_every_epoch() {
+        let il = Interleave {
+            cycle_length: 1,
+            block_length: 1,
+        };
+        for (counts, bs, drop_last) in [
+            (&[10, 10, 3, 3][..], 8, true),
+            (&[0, 0, 5, 5][..], 4, false),
+        ] {
+            for seed in (0..200).map(Some).chain([None]) {
+                for rank in 0..2 {
+                    if let Ok(p) =
+                        StreamPlanner::new(&shards(counts), bs, seed, drop_last, (rank, 2), il, 16)
+                    {
+                        assert!(
+                            (0..64).all(|e| p.num_batches(e) > 0),
+                            "{counts:?} bs {bs} seed {seed:?}: an epoch of 0 batches"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -83,11 +83,17 @@ fn a_panic_in_a_streamed_read_is_an_error_and_the_loader_survives() {
         .interleave(1, 1)
         .build()
         .unwrap();
-    for epoch in 0..2 {
+    // Epoch 0 reads shard 0 then shard 1 (record 5 panics); epoch 1 deals
+    // the shards rotated, so the panic comes first. Either way the panic is
+    // the error, and a later epoch still runs (the feeder lived on).
+    for epoch in 0..3 {
         let got: Vec<String> = loader.epoch(epoch).map(|b| outcome(&b)).collect();
-        assert_eq!(got[0], "ok 4", "epoch {epoch}: {got:?}");
+        let at = got
+            .iter()
+            .position(|g| g.starts_with("panic") && g.contains("boom"));
+        assert!(at.is_some(), "epoch {epoch}: {got:?}");
         assert!(
-            got[1].starts_with("panic") && got[1].contains("boom"),
+            got[..at.unwrap()].iter().all(|g| g == "ok 4"),
             "epoch {epoch}: {got:?}"
         );
     }
