@@ -40,6 +40,12 @@ pub enum BadSamples {
     Fail,
     /// Leave the sample out: its batch is one shorter, the sample is listed
     /// in [`Batch::skipped`] and counted in [`Stats::skipped`].
+    ///
+    /// Every rank still gets the same number of batches (data-parallel
+    /// ranks step together), so a batch whose samples were all bad is
+    /// yielded **empty**: test [`Batch::is_empty`] and skip that step's loss
+    /// (a mean over no samples is NaN, which an all-reduce spreads to every
+    /// rank), but keep stepping in lockstep.
     Skip,
 }
 

@@ -135,3 +135,30 @@ fn skipped_keys_are_listed_once_however_many_epochs_skip_them() {
     assert_eq!(stats.skipped, ["s5"], "one key, not one per epoch");
     assert_eq!(stats.skipped_samples, 50);
 }
+
+#[test]
+fn a_batch_of_only_bad_samples_is_yielded_empty_in_step() {
+    let png = tests::encode(&tests::pattern(8, 8, 7), image::ImageFormat::Png);
+    let records: Vec<candle_wick::Record> = (0..8)
+        .map(|i| {
+            let bytes = if (4..8).contains(&i) {
+                Vec::new()
+            } else {
+                png.clone()
+            };
+            candle_wick::Record::encoded(format!("s{i}"), bytes, 0)
+        })
+        .collect();
+    let mut loader = Loader::builder(candle_wick::MemorySource::new(records))
+        .batch_size(4)
+        .image_size(8)
+        .bad_samples(BadSamples::Skip)
+        .build()
+        .unwrap();
+    let batches: Vec<_> = loader.epoch(0).map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 2, "the batch count stays the same");
+    assert_eq!(batches[0].len(), 4);
+    assert!(batches[1].is_empty());
+    assert_eq!(batches[1].skipped.len(), 4);
+    assert_eq!(batches[1].images.dims()[0], 0);
+}
