@@ -556,11 +556,21 @@ impl RecordReader {
         }
     }
 
+    /// A read error: damage when the stream itself is bad (truncated, or a
+    /// corrupt compressed stream, which flate2 reports as invalid input or
+    /// data), else an I/O error: a failing disk must not pass for damage,
+    /// which `skip_damaged` would turn into a shorter shard on this rank.
     fn io(&self, e: std::io::Error) -> Error {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            shard_error(&self.path, self.offset, "stream ends inside a record")
-        } else {
-            shard_error(&self.path, self.offset, format!("read failed: {e}"))
+        use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+        match e.kind() {
+            UnexpectedEof => shard_error(&self.path, self.offset, "stream ends inside a record"),
+            InvalidData | InvalidInput => {
+                shard_error(&self.path, self.offset, format!("corrupt stream: {e}"))
+            }
+            _ => Error::Io {
+                path: self.path.clone(),
+                source: e,
+            },
         }
     }
 
@@ -706,5 +716,51 @@ mod tests {
         assert!(err.contains("no feature \"label\""), "{err}");
         let neg = example_bytes(b"x", -1, "i", "l");
         assert!(parse_example(&neg, "i", "l").unwrap_err().contains("-1"));
+    }
+
+    /// Gives `ok` good reads of zeros, then fails with `kind`.
+    struct Failing {
+        ok: usize,
+        kind: std::io::ErrorKind,
+    }
+
+    impl std::io::Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.ok == 0 {
+                return Err(std::io::Error::new(self.kind, "injected"));
+            }
+            self.ok -= 1;
+            let n = buf.len().min(4);
+            buf[..n].fill(0);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_io_error_while_streaming_is_not_damage() {
+        let reader = |kind| {
+            RecordReader::new(
+                Box::new(std::io::BufReader::with_capacity(
+                    4,
+                    Failing { ok: 2, kind },
+                )),
+                Path::new("s.tfrecord.gz"),
+            )
+        };
+        // A failing disk or network: an I/O error, which skip_damaged must
+        // not turn into a shorter shard (ranks would disagree on lengths).
+        let e = reader(std::io::ErrorKind::Other)
+            .next_header()
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        // A corrupt or truncated stream is damage.
+        for kind in [
+            std::io::ErrorKind::InvalidInput,
+            std::io::ErrorKind::InvalidData,
+        ] {
+            let e = reader(kind).next_header().unwrap().unwrap_err();
+            assert!(matches!(e, Error::Shard { .. }), "{e}");
+        }
     }
 }
