@@ -831,6 +831,36 @@ impl Loader {
         }
     }
 
+    /// A fingerprint of what every rank must agree on: the source's length
+    /// and shard table (file names and record counts, so a rank that
+    /// skipped a damaged shard tail differs), batches per epoch, batch
+    /// geometry and seed. Equal on every rank of a data-parallel job that
+    /// sees the same data with the same settings, whatever the rank: gather
+    /// it across ranks before training and stop if they differ (unequal
+    /// batch counts hang an all-reduce).
+    pub fn fingerprint(&self) -> u32 {
+        let s = &self.shared;
+        let mut text = format!(
+            "wick-plan-v1 len {} batches {} geo {}x{}x{} seed {}",
+            s.source.len(),
+            self.len(),
+            s.geo.batch,
+            s.geo.height,
+            s.geo.width,
+            s.transform.seed()
+        );
+        for shard in s.source.shards() {
+            let name = shard.path.file_name().unwrap_or(shard.path.as_os_str());
+            text.push_str(&format!(
+                " | {} {} {}",
+                name.to_string_lossy(),
+                shard.first,
+                shard.records
+            ));
+        }
+        crc32c::crc32c(text.as_bytes())
+    }
+
     /// Batches per epoch for this rank. In the streaming mode with several
     /// ranks the count can change from epoch to epoch (shards are dealt
     /// anew); this is epoch 0's, and [`Epoch::len`] is exact.

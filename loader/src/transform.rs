@@ -275,6 +275,11 @@ impl ImageTransform {
         })
     }
 
+    /// The seed of the augmentation draws.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Output height and width.
     pub fn size(&self) -> (usize, usize) {
         (self.height, self.width)

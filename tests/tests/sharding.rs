@@ -70,3 +70,32 @@ fn shards_are_disjoint_cover_the_epoch_and_have_equal_batch_counts() {
         }
     }
 }
+
+#[test]
+fn ranks_agree_on_the_fingerprint_and_a_different_source_does_not() {
+    let build = |n: usize, rank: usize| {
+        Loader::builder(source(n))
+            .batch_size(4)
+            .image_size(8)
+            .shuffle(5)
+            .shard(rank, 2)
+            .build()
+            .unwrap()
+            .fingerprint()
+    };
+    assert_eq!(build(40, 0), build(40, 1), "every rank of one job agrees");
+    assert_ne!(
+        build(40, 0),
+        build(48, 1),
+        "a rank that sees other data differs"
+    );
+    let other_seed = Loader::builder(source(40))
+        .batch_size(4)
+        .image_size(8)
+        .shuffle(6)
+        .shard(1, 2)
+        .build()
+        .unwrap()
+        .fingerprint();
+    assert_ne!(build(40, 0), other_seed, "a rank with another seed differs");
+}
