@@ -44,7 +44,9 @@
 //!
 //! - **Determinism**: the order comes from `(seed, epoch)` and every random
 //!   draw of sample `i` from `(seed, epoch, i)`, so batches are bit-identical
-//!   for any number of workers and any prefetch depth.
+//!   for any number of workers and any prefetch depth, on one kind of CPU
+//!   (JPEG pixels can differ by one level between CPUs with and without FMA;
+//!   see the README).
 //! - **Bounded memory**: batch buffers, decode scratch and cache stay within
 //!   [`LoaderBuilder::ram_budget`]; AUTOTUNE (the default for workers,
 //!   batches in flight and prefetch) never grows past it.
