@@ -162,3 +162,41 @@ fn a_batch_of_only_bad_samples_is_yielded_empty_in_step() {
     assert_eq!(batches[1].skipped.len(), 4);
     assert_eq!(batches[1].images.dims()[0], 0);
 }
+
+#[test]
+fn skipping_keeps_each_image_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dataset(dir.path());
+    let mut loader = Loader::builder(FileList::new(&list).unwrap())
+        .batch_size(4)
+        .image_size(16)
+        .train_transforms()
+        .shuffle(4)
+        .output(candle_wick::Output::U8Nhwc)
+        .workers(2)
+        .bad_samples(BadSamples::Skip)
+        .build()
+        .unwrap();
+    let slot = 16 * 16 * 3;
+    let mut checked = 0;
+    for b in loader.epoch(1).collect::<Vec<_>>() {
+        let b = b.unwrap();
+        let pixels = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+        for (j, (key, &index)) in b.keys.iter().zip(&b.indices).enumerate() {
+            // The same sample transformed alone, on this thread.
+            let bytes = std::fs::read(key).unwrap();
+            let mut want = vec![0u8; slot];
+            loader
+                .transform()
+                .apply(key, &bytes, 1, index, candle_wick::Slot::U8(&mut want))
+                .unwrap();
+            assert_eq!(
+                &pixels[j * slot..(j + 1) * slot],
+                &want[..],
+                "{key} moved away from its image"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 12);
+}
