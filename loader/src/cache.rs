@@ -21,9 +21,12 @@ pub enum CacheMode {
     /// The decoded RGB pixels, before any augmentation: saves the read and
     /// the decode, costs `width * height * 3` bytes per sample. Batches are
     /// bit-identical to an uncached run (which decodes JPEGs crop-window
-    /// only, resampling through the same window), except with the
-    /// `turbojpeg` feature: libjpeg-turbo's crop-window decode differs from
-    /// the cached full decode within decoder rounding.
+    /// only, resampling through the same window) in every build, so which
+    /// samples fit a partly filled cache changes speed, never pixels: a
+    /// JPEG whose full decode could differ from the uncached crop-window
+    /// decode is kept encoded instead (one wick's decoder cannot decode
+    /// whole, e.g. damaged below the crop; every JPEG with the `turbojpeg`
+    /// feature, whose crop decode rounds differently).
     Decoded,
 }
 

@@ -70,18 +70,44 @@ thread_local! {
     static JPEG: std::cell::RefCell<crate::jpeg::Scratch> = Default::default();
 }
 
-fn decode_jpeg(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+/// The pixels a decoded cache may keep for `bytes`: `Some` with the size
+/// when they are what an uncached run decodes (then resamples through the
+/// crop window), `None` when the file must stay encoded in the cache so
+/// that every epoch decodes it exactly as an uncached run does: a JPEG that
+/// wick's own decoder does not decode whole (damaged below a crop window
+/// that still decodes, or a kind it leaves to zune-jpeg), and every JPEG
+/// when libjpeg-turbo decodes crop windows (the `turbojpeg` feature).
+pub(crate) fn decode_for_cache(
+    key: &str,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Option<(usize, usize)>> {
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return decode_rgb_into(key, bytes, out).map(Some);
+    }
+    if cfg!(feature = "turbojpeg") {
+        return Ok(None);
+    }
+    Ok(own_whole(bytes, out).filter(|&(w, h)| w > 0 && h > 0))
+}
+
+/// The whole image by wick's own JPEG decoder, or `None` where it declines.
+fn own_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
     let whole = |w, h| crate::jpeg::Window {
         x0: 0,
         y0: 0,
         x1: w,
         y1: h,
     };
-    let own = JPEG.with(|s| crate::jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole));
-    if let Some(win) = own {
-        return Ok((win.width(), win.height()));
+    JPEG.with(|s| crate::jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole))
+        .map(|win| (win.width(), win.height()))
+}
+
+fn decode_jpeg(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+    match own_whole(bytes, out) {
+        Some(wh) => Ok(wh),
+        None => zune(key, bytes, out),
     }
-    zune(key, bytes, out)
 }
 
 /// Decodes with zune-jpeg.

@@ -1226,13 +1226,19 @@ fn fill_cache(
     let record = match (cache.mode, record.rgb_size) {
         (CacheMode::Decoded, None) => {
             let mut px = Vec::new();
-            let wh = crate::decode::decode_rgb_into(&record.key, &record.bytes, &mut px)
-                .map_err(|e| (record.key.clone(), e))?;
-            px.truncate(wh.0 * wh.1 * 3);
-            Record {
-                bytes: px,
-                rgb_size: Some(wh),
-                ..record
+            match crate::decode::decode_for_cache(&record.key, &record.bytes, &mut px)
+                .map_err(|e| (record.key.clone(), e))?
+            {
+                Some(wh) => {
+                    px.truncate(wh.0 * wh.1 * 3);
+                    Record {
+                        bytes: px,
+                        rgb_size: Some(wh),
+                        ..record
+                    }
+                }
+                // Kept encoded: decoded every epoch as an uncached run does.
+                None => record,
             }
         }
         _ => record,
