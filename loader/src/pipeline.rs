@@ -995,7 +995,9 @@ impl Iterator for Epoch<'_> {
                 if let Some(trace) = &shared.trace {
                     trace.record("wait for batch", LANE_CONSUMER, t, Instant::now());
                 }
-                let cache = shared.cache.as_ref().map_or(0, Cache::memory);
+                // The cache and the timeline count in the RAM budget.
+                let cache = shared.cache.as_ref().map_or(0, Cache::memory)
+                    + shared.trace.as_ref().map_or(0, |t| t.memory());
                 shared
                     .tuner
                     .on_batch(&shared.knobs, &shared.counters, cache, &|n| {

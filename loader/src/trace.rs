@@ -2,12 +2,14 @@
 //! trace (`chrome://tracing`, <https://ui.perfetto.dev>).
 
 use crate::error::{Error, Result};
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Events kept at most; later ones are counted, not stored.
-const MAX_EVENTS: usize = 2_000_000;
+/// Events kept at most (about 48 MB, counted in the loader's memory);
+/// later ones are counted, not stored.
+const MAX_EVENTS: usize = 1_000_000;
 
 /// Thread lanes of the timeline.
 pub(crate) const LANE_FEED: u64 = 1;
@@ -18,9 +20,10 @@ pub(crate) const LANE_CONSUMER: u64 = 3;
 /// Decode worker `i` is lane `LANE_DECODE + i`.
 pub(crate) const LANE_DECODE: u64 = 10;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Event {
-    name: String,
+    /// The loader's own span names are static: no allocation per event.
+    name: Cow<'static, str>,
     lane: u64,
     start_us: f64,
     dur_us: f64,
@@ -31,23 +34,34 @@ struct Event {
 #[derive(Debug)]
 pub struct Trace {
     origin: Instant,
-    events: Mutex<(Vec<Event>, u64)>,
+    /// The events, how many were dropped, and the bytes of owned names.
+    events: Mutex<(Vec<Event>, u64, u64)>,
 }
 
 impl Trace {
     pub(crate) fn new() -> Self {
         Self {
             origin: Instant::now(),
-            events: Mutex::new((Vec::new(), 0)),
+            events: Mutex::new((Vec::new(), 0, 0)),
         }
     }
 
-    pub(crate) fn record(&self, name: impl Into<String>, lane: u64, start: Instant, end: Instant) {
+    pub(crate) fn record(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        lane: u64,
+        start: Instant,
+        end: Instant,
+    ) {
         let to_us = |t: Instant| t.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
         let mut ev = crate::lock(&self.events);
         if ev.0.len() < MAX_EVENTS {
+            let name = name.into();
+            if let Cow::Owned(s) = &name {
+                ev.2 += s.capacity() as u64;
+            }
             ev.0.push(Event {
-                name: name.into(),
+                name,
                 lane,
                 start_us: to_us(start),
                 dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
@@ -60,13 +74,20 @@ impl Trace {
     /// Adds a span of the training loop (a step, an evaluation) to the
     /// timeline, on the same lane as its waits for batches.
     pub fn span(&self, name: &str, start: Instant, end: Instant) {
-        self.record(name, LANE_CONSUMER, start, end);
+        self.record(name.to_string(), LANE_CONSUMER, start, end);
+    }
+
+    /// Bytes the timeline holds (counted in the loader's RAM budget).
+    pub(crate) fn memory(&self) -> u64 {
+        let ev = crate::lock(&self.events);
+        (ev.0.capacity() * std::mem::size_of::<Event>()) as u64 + ev.2
     }
 
     /// Writes the timeline as Chrome trace JSON.
     pub fn write_chrome_json(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let ev = crate::lock(&self.events);
+        // A copy, so the loader's threads go on recording while it is written.
+        let ev = crate::lock(&self.events).clone();
         let mut lanes: Vec<u64> = ev.0.iter().map(|e| e.lane).collect();
         lanes.sort_unstable();
         lanes.dedup();
@@ -94,5 +115,25 @@ impl Trace {
         };
         let file = std::fs::File::create(path).map_err(io)?;
         serde_json::to_writer(std::io::BufWriter::new(file), &doc).map_err(|e| io(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_bytes_count_events_and_owned_names() {
+        let t = Trace::new();
+        assert_eq!(t.memory(), 0);
+        let now = Instant::now();
+        t.record("upload", LANE_UPLOAD, now, now);
+        let one = t.memory();
+        assert!(one >= std::mem::size_of::<Event>() as u64);
+        t.span("a user step name", now, now);
+        let ev = crate::lock(&t.events);
+        assert!(ev.2 >= "a user step name".len() as u64, "owned names count");
+        drop(ev);
+        assert!(t.memory() >= one + "a user step name".len() as u64);
     }
 }
