@@ -1699,10 +1699,13 @@ fn flush(shared: &Shared, r: &mut Running) {
             Some(Ok(host)) => {
                 let t = Instant::now();
                 let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
-                match shared
-                    .uploader
-                    .upload(&shared.device, host.buf, host.labels, shared.geo)
-                {
+                // A panic in the device step (candle's ops) is this batch's
+                // error, not the end of the upload thread and the loader.
+                let (buf, labels, geo) = (host.buf, host.labels, shared.geo);
+                let uploaded = caught(format!("batch {index} (upload)"), || {
+                    shared.uploader.upload(&shared.device, buf, labels, geo)
+                });
+                match uploaded {
                     Ok(up) => {
                         shared.pool.release(up.reusable);
                         shared.counters.batch_uploaded(t.elapsed());

@@ -427,11 +427,21 @@ impl CudaUploader {
             shape,
             elem,
         };
+        // A panic part-way (in candle or cudarc) could leave a copy in
+        // flight with no event: wait the streams out before `buf` may be
+        // reused or freed, then report it.
+        let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::lock(&self.ring).upload(&self.streams, &host, &job)
+        }))
+        .unwrap_or_else(|payload| {
+            let _ = self.streams.sync();
+            std::panic::resume_unwind(payload)
+        });
         let Staged {
             out: (images, label_tensor),
             copied,
             ready,
-        } = crate::lock(&self.ring).upload(&self.streams, &host, &job)?;
+        } = staged?;
         let start = crate::lock(&self.streams.copy_start).take();
         match buf {
             HostBuf::PinnedU8(p) => p.copied = Some(copied.clone()),
