@@ -56,3 +56,15 @@ pub fn thread_names() -> Vec<String> {
         .map(|s| s.trim().to_string())
         .collect()
 }
+
+/// Runs `f` on a thread and returns its result; panics ("hang: watchdog
+/// expired") if it has not finished within `secs`. A thread left hanging
+/// does not stop the test binary from exiting.
+pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .expect("hang: watchdog expired")
+}

@@ -111,21 +111,27 @@ fn skip_policy_counts_and_lists_bad_files_and_delivers_the_rest() {
     assert_eq!(stats.samples, 12);
 }
 
-#[test]
-fn skipped_keys_are_listed_once_however_many_epochs_skip_them() {
-    let png = tests::encode(&tests::pattern(8, 8, 4), image::ImageFormat::Png);
+/// 8 small PNGs in batches of 4 under the skip policy; `bad(i)` makes
+/// sample `i` an empty file.
+fn skipping_loader(bad: impl Fn(usize) -> bool) -> Loader {
+    let png = encode(&pattern(8, 8, 4), image::ImageFormat::Png);
     let records: Vec<candle_wick::Record> = (0..8)
         .map(|i| {
-            let bytes = if i == 5 { Vec::new() } else { png.clone() };
+            let bytes = if bad(i) { Vec::new() } else { png.clone() };
             candle_wick::Record::encoded(format!("s{i}"), bytes, 0)
         })
         .collect();
-    let mut loader = Loader::builder(candle_wick::MemorySource::new(records))
+    Loader::builder(candle_wick::MemorySource::new(records))
         .batch_size(4)
         .image_size(8)
         .bad_samples(BadSamples::Skip)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn skipped_keys_are_listed_once_however_many_epochs_skip_them() {
+    let mut loader = skipping_loader(|i| i == 5);
     for epoch in 0..50 {
         for b in loader.epoch(epoch) {
             b.unwrap();
@@ -138,23 +144,7 @@ fn skipped_keys_are_listed_once_however_many_epochs_skip_them() {
 
 #[test]
 fn a_batch_of_only_bad_samples_is_yielded_empty_in_step() {
-    let png = tests::encode(&tests::pattern(8, 8, 7), image::ImageFormat::Png);
-    let records: Vec<candle_wick::Record> = (0..8)
-        .map(|i| {
-            let bytes = if (4..8).contains(&i) {
-                Vec::new()
-            } else {
-                png.clone()
-            };
-            candle_wick::Record::encoded(format!("s{i}"), bytes, 0)
-        })
-        .collect();
-    let mut loader = Loader::builder(candle_wick::MemorySource::new(records))
-        .batch_size(4)
-        .image_size(8)
-        .bad_samples(BadSamples::Skip)
-        .build()
-        .unwrap();
+    let mut loader = skipping_loader(|i| (4..8).contains(&i));
     let batches: Vec<_> = loader.epoch(0).map(|b| b.unwrap()).collect();
     assert_eq!(batches.len(), 2, "the batch count stays the same");
     assert_eq!(batches[0].len(), 4);

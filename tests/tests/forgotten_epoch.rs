@@ -31,18 +31,9 @@ fn loader() -> Loader {
         .unwrap()
 }
 
-/// Runs `f` on a thread; panics if it has not finished within `secs`.
-fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs)).expect("hang")
-}
-
 #[test]
 fn a_forgotten_epoch_does_not_confuse_the_next_ones() {
-    within(60, || {
+    tests::within(60, || {
         let mut l = loader();
         // Fully consumed, then forgotten: its acknowledgement is never read.
         let mut e0 = l.epoch(0);
@@ -70,7 +61,7 @@ fn a_forgotten_epoch_does_not_confuse_the_next_ones() {
 
 #[test]
 fn the_loader_drops_after_a_forgotten_epoch() {
-    within(20, || {
+    tests::within(20, || {
         let mut l = loader();
         let mut e = l.epoch(0);
         e.next().unwrap().unwrap();

@@ -21,19 +21,9 @@ impl Source for Yielding {
     }
 }
 
-/// Runs `f` on a thread; panics if it has not finished within `secs`.
-fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .expect("hang: the loader deadlocked")
-}
-
 #[test]
 fn rayon_inside_a_source_does_not_deadlock() {
-    let batches = within(20, || {
+    let batches = tests::within(20, || {
         let source = Yielding(encode(&pattern(8, 8, 5), image::ImageFormat::Png));
         let mut loader = Loader::builder(source)
             .batch_size(2)

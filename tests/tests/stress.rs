@@ -70,18 +70,9 @@ fn seen(b: candle_wick::Batch) -> Seen {
     (b.index, b.indices, bytes, skipped)
 }
 
-fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .expect("hang: watchdog expired")
-}
-
 #[test]
 fn random_delays_cancels_and_resumes_keep_every_promise() {
-    within(120, || {
+    tests::within(120, || {
         // The reference: one worker, no delays, whole epochs.
         let mut reference = build(0, 1, 1, 1);
         let epochs = 6u64;
@@ -137,7 +128,7 @@ fn random_delays_cancels_and_resumes_keep_every_promise() {
                     "{ctx}: work left in flight"
                 );
             }
-            within(20, move || drop(loader));
+            tests::within(20, move || drop(loader));
         }
     });
 }
