@@ -99,3 +99,52 @@ fn ranks_agree_on_the_fingerprint_and_a_different_source_does_not() {
         .fingerprint();
     assert_ne!(build(40, 0), other_seed, "a rank with another seed differs");
 }
+
+/// Under the skip policy every rank still gets the planned batch count, and
+/// each batch's kept and skipped samples are exactly its planned ones
+/// (review PT11).
+#[test]
+fn skipping_keeps_ranks_in_lockstep_with_their_plans() {
+    let png = encode(&pattern(8, 8, 0), image::ImageFormat::Png);
+    for world_size in 1..=4 {
+        let mut counts = Vec::new();
+        for rank in 0..world_size {
+            let records: MemorySource = (0..41)
+                .map(|i| {
+                    let bytes = if i % 5 == 0 { Vec::new() } else { png.clone() };
+                    Record::encoded(format!("s{i}"), bytes, 0)
+                })
+                .collect();
+            let mut loader = Loader::builder(records)
+                .batch_size(4)
+                .image_size(8)
+                .shuffle(2)
+                .shard(rank, world_size)
+                .bad_samples(candle_wick::BadSamples::Skip)
+                .build()
+                .unwrap();
+            let planned = loader.batches(0);
+            let mut n = 0;
+            for (i, b) in loader.epoch(0).enumerate() {
+                let b = b.unwrap();
+                let mut all = b.indices.clone();
+                all.extend(
+                    b.skipped
+                        .iter()
+                        .map(|s| s.key[1..].parse::<usize>().unwrap()),
+                );
+                all.sort();
+                let mut plan = planned[i].clone();
+                plan.sort();
+                assert_eq!(all, plan, "ws {world_size} rank {rank} batch {i}");
+                n += 1;
+            }
+            assert_eq!(n, planned.len());
+            counts.push(n);
+        }
+        assert!(
+            counts.windows(2).all(|w| w[0] == w[1]),
+            "ws {world_size}: {counts:?}"
+        );
+    }
+}
