@@ -68,3 +68,15 @@ pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'stat
     rx.recv_timeout(std::time::Duration::from_secs(secs))
         .expect("hang: watchdog expired")
 }
+
+/// A shard table of `count` made-up shards of `records` records each, for
+/// a user `Source` that implements `shards()` (streaming-mode tests).
+pub fn fake_shards(count: usize, records: usize) -> Vec<candle_wick::ShardInfo> {
+    (0..count)
+        .map(|s| candle_wick::ShardInfo {
+            path: PathBuf::from(format!("shard{s}")),
+            records,
+            first: records * s,
+        })
+        .collect()
+}

@@ -3,7 +3,6 @@
 //! Its own binary, so no other test loads the machine while it measures.
 
 use candle_wick::{Loader, Record, ShardInfo, Source};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tests::{encode, pattern};
 
@@ -30,13 +29,7 @@ impl Source for SlowShards {
 fn dropping_a_resumed_stream_does_not_wait_for_the_skip() {
     let source = SlowShards {
         png: encode(&pattern(8, 8, 3), image::ImageFormat::Png),
-        shards: (0..2)
-            .map(|s| ShardInfo {
-                path: PathBuf::from(format!("shard{s}")),
-                records: 256,
-                first: 256 * s,
-            })
-            .collect(),
+        shards: tests::fake_shards(2, 256),
     };
     let mut loader = Loader::builder(source)
         .batch_size(64)

@@ -4,7 +4,6 @@
 //! by the feeder thread; the loader goes on with the next epoch.
 
 use candle_wick::{Error, Loader, Record, ShardInfo, Source};
-use std::path::PathBuf;
 use tests::{encode, pattern};
 
 /// 8 PNGs; index `bad` panics in `read` and in `key`, and records
@@ -20,13 +19,7 @@ impl Panicky {
         Self {
             png: encode(&pattern(8, 8, 1), image::ImageFormat::Png),
             bad,
-            shards: (0..2)
-                .map(|s| ShardInfo {
-                    path: PathBuf::from(format!("shard{s}")),
-                    records: 4,
-                    first: 4 * s,
-                })
-                .collect(),
+            shards: tests::fake_shards(2, 4),
         }
     }
 }
