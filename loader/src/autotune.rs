@@ -12,7 +12,7 @@
 //! 0.2 s, and run across epochs. Explicit settings are left alone.
 
 use crate::stats::{Counters, INPUT_BOUND_SHARE};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -114,12 +114,9 @@ pub(crate) struct Knobs {
     /// The most batches in flight so far: with `pinned`, the buffers held.
     pub(crate) in_flight_high: AtomicUsize,
     pub(crate) budget: u64,
+    /// The active workers' decode scratch.
+    pub(crate) scratch: crate::transform::ScratchPool,
 }
-
-/// Bytes of decode scratch each worker thread holds, summed over threads,
-/// and the largest one thread holds (process-wide).
-pub(crate) static SCRATCH_BYTES: AtomicU64 = AtomicU64::new(0);
-pub(crate) static SCRATCH_MAX: AtomicU64 = AtomicU64::new(0);
 
 impl Knobs {
     /// Host bytes held with these settings: the batches being filled, the
@@ -134,7 +131,7 @@ impl Knobs {
         workers: usize,
         cache: u64,
     ) -> u64 {
-        let scratch = SCRATCH_MAX.load(Relaxed) * workers as u64;
+        let scratch = self.scratch.memory(workers);
         let batches = if self.pinned {
             in_flight.max(self.in_flight_high.load(Relaxed))
         } else {
@@ -399,8 +396,9 @@ mod tests {
             pinned,
             in_flight_high: 2.into(),
             budget: 4000,
+            scratch: Default::default(),
         };
-        let scratch = SCRATCH_MAX.load(Relaxed);
+        let scratch = 0;
         let host = knobs(false);
         assert_eq!(host.memory(2, 1, 1, 0), 5000 + scratch);
         let cuda = knobs(true);

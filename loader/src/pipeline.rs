@@ -432,6 +432,7 @@ impl LoaderBuilder {
             budget: self
                 .ram_budget
                 .unwrap_or_else(crate::autotune::default_budget),
+            scratch: Default::default(),
         };
         if !knobs.fits(in_flight, prefetch, 0, 0) {
             let held = if knobs.pinned {
@@ -924,6 +925,8 @@ impl Loader {
         }
         let mut stats = self.shared.counters.snapshot();
         stats.pinned_buffers = self.shared.pool.pinned();
+        let scratch = &self.shared.knobs.scratch;
+        (stats.decode_scratches, stats.decode_scratch_bytes) = (scratch.count(), scratch.memory(0));
         stats
     }
 }
@@ -1297,6 +1300,8 @@ fn process(
     if cancel.load(Ordering::Relaxed) {
         return Outcome::Cancelled;
     }
+    // Taken after the gate, so the scratch held is the active workers'.
+    let mut scratch = shared.knobs.scratch.take(shared.knobs.gate.limit());
     let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
@@ -1309,7 +1314,7 @@ fn process(
             }
             (None, Some((record, read))) => (record, read),
             (None, None) => {
-                let bytes = crate::transform::take_read_buffer();
+                let bytes = scratch.take_read_buffer();
                 (shared.source.read_reusing(index, bytes), t0.elapsed())
             }
         };
@@ -1319,10 +1324,11 @@ fn process(
         }
         let tr = &shared.transform;
         let times = match record.rgb_size {
-            None => tr.apply(&record.key, &record.bytes, epoch, index, slot),
+            None => tr.apply_with(&mut scratch, &record.key, &record.bytes, epoch, index, slot),
             Some(wh) => {
                 let t = Instant::now();
-                tr.apply_decoded(&record.key, &record.bytes, wh, epoch, index, slot)
+                let s = &mut scratch;
+                tr.apply_decoded_with(s, &record.key, &record.bytes, wh, epoch, index, slot)
                     .map(|()| crate::transform::SampleTimes {
                         decode: Duration::ZERO,
                         transform: t.elapsed(),
@@ -1332,7 +1338,7 @@ fn process(
         }
         .map_err(|e| (Some(record.key.clone()), e))?;
         shared.counters.sample(read, &times);
-        crate::transform::recycle_read_buffer(record.bytes);
+        scratch.recycle_read_buffer(record.bytes);
         Ok((record.key, record.label))
     };
     let result = catch_unwind(AssertUnwindSafe(run));

@@ -311,6 +311,8 @@ impl Counters {
             transform_per_sample: transform,
             upload_per_batch: upload,
             pinned_buffers: 0,
+            decode_scratches: 0,
+            decode_scratch_bytes: 0,
             copy_per_batch,
             copy_gbps,
             batches_in_flight: self.in_flight.load(Relaxed),
@@ -368,6 +370,11 @@ pub struct Stats {
     /// CUDA: page-locked host batch buffers the loader holds (allocated
     /// once each, kept while AUTOTUNE tunes; zero elsewhere).
     pub pinned_buffers: usize,
+    /// Decode scratch sets the workers hold (decoded image, resize and read
+    /// buffers): one per active worker, never one per pool thread.
+    pub decode_scratches: usize,
+    /// Bytes those scratch sets hold, counted in [`Self::memory`].
+    pub decode_scratch_bytes: u64,
     /// CUDA: mean device time of a batch's host-to-device copy, measured
     /// with events on the loader's copy stream (zero elsewhere).
     pub copy_per_batch: Duration,
@@ -545,7 +552,7 @@ impl Stats {
         format!(
             "{:.0} samples/s, {} workers; consumer wait p50 {:.2?} p99 {:.2?} total {:.2?} ({:.1}% of {:.2?}), startup {:.2?}\n\
              stages (samples/s at this worker count): read {}, decode {}, transform {}, workers {}, upload {}\n\
-             prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB){}{}\n\
+             prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB; decode scratch {:.1} MB in {}){}{}\n\
              verdict: {}",
             self.samples_per_sec,
             self.workers,
@@ -564,6 +571,8 @@ impl Stats {
             self.empty_queue_batches,
             self.memory as f64 / 1e6,
             self.memory_peak as f64 / 1e6,
+            self.decode_scratch_bytes as f64 / 1e6,
+            self.decode_scratches,
             if self.cache_bytes > 0 || self.cache_hits > 0 {
                 format!(", cache {:.1} MB, {} hits", self.cache_bytes as f64 / 1e6, self.cache_hits)
             } else {

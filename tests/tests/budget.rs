@@ -1,9 +1,46 @@
 //! The RAM budget holds: with a tiny budget and large images AUTOTUNE keeps
 //! one worker and the minimum buffers, and the loader's accounted peak stays
 //! under the budget; a budget too small for the explicit settings is an
-//! error. (One test per process: the decode scratch is tracked per process.)
+//! error. The heap the loader really holds is measured with a counting
+//! allocator (so this binary has one test).
 
 use candle_wick::{ImageFolder, Loader, Output, Transforms};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+
+/// Bytes allocated and not yet freed, by anyone in this process.
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+struct Counting;
+
+// SAFETY: every call is forwarded to `System` with the caller's arguments;
+// the counter only observes sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Relaxed);
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Relaxed);
+        // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - layout.size() as isize, Relaxed);
+        // SAFETY: `ptr` came from `System` with `layout`; the caller's
+        // contract for `realloc`, passed on.
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 #[test]
 fn tiny_budget_bounds_memory_not_progress() {
@@ -29,6 +66,7 @@ fn tiny_budget_bounds_memory_not_progress() {
     // decoded image and the file's bytes, kept for the next read) fit in
     // 4 MB; a second worker's scratch does not.
     let budget = 4_000_000;
+    let before = LIVE.load(Relaxed);
     let mut l = build(budget).unwrap();
     let mut n = 0;
     for epoch in 0..3 {
@@ -38,6 +76,16 @@ fn tiny_budget_bounds_memory_not_progress() {
     }
     assert_eq!(n, 144, "every sample still delivered");
     let s = l.stats();
+    // What the loader holds between epochs (its buffers, its workers'
+    // decode scratch, its bookkeeping) really is under the budget: decode
+    // scratch is one set per active worker, not one per pool thread.
+    let held = LIVE.load(Relaxed) - before;
+    eprintln!(
+        "heap held {held} bytes; accounted {} (scratch {} in {})",
+        s.memory, s.decode_scratch_bytes, s.decode_scratches
+    );
+    assert_eq!(s.decode_scratches, 1, "{}", s.report());
+    assert!(held <= budget as isize, "{held} > {budget}: {}", s.report());
     assert!(
         s.memory_peak > 0 && s.memory_peak <= budget,
         "{}",

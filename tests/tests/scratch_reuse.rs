@@ -1,6 +1,6 @@
-//! The decode scratch each worker thread keeps (buffers, planes, tables)
-//! leaves nothing behind: a small image decoded right after a large one on
-//! the same thread gives the bytes it gives on a fresh thread, for every
+//! Decode scratch (buffers, planes, tables; the same kind of set a loader's
+//! worker reuses, here the calling thread's) leaves nothing behind: a small
+//! image decoded right after a large one on the same thread gives the bytes it gives on a fresh thread, for every
 //! kind of JPEG the encoder here writes (RGB, grayscale) and for PNG.
 
 use candle_wick::{ImageTransform, Output, Slot, Transforms};
