@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -472,6 +472,7 @@ impl LoaderBuilder {
                 .map(|(mode, path)| Cache::new(mode, self.source.len(), path.as_deref()))
                 .transpose()?,
             uploader,
+            room: Room::default(),
             source: self.source,
             transform,
             geo,
@@ -517,6 +518,47 @@ struct Shared {
     bad_samples: BadSamples,
     geo: Geometry,
     uploader: crate::device::Uploader,
+    /// Signalled when the prefetch queue may have room for the uploader.
+    room: Room,
+}
+
+impl Shared {
+    /// Wakes whatever waits and may have to see a cancel: the feeder in the
+    /// pool, the uploader at the prefetch queue.
+    fn wake(&self) {
+        self.pool.wake();
+        self.room.notify();
+    }
+}
+
+/// Wakes the upload thread when the prefetch queue may have room for the
+/// next batch: the consumer took one (and AUTOTUNE may have changed the
+/// prefetch depth), or the epoch was cancelled. (It polled every 200 µs
+/// while a consumer held the epoch without taking batches.)
+#[derive(Debug, Default)]
+struct Room {
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Room {
+    fn notify(&self) {
+        let _guard = crate::lock(&self.lock);
+        self.cv.notify_all();
+    }
+
+    /// Waits while `full()` holds. Every change to what `full` reads is
+    /// followed by a `notify` under the lock, so no wake-up is lost; the
+    /// timeout is only a backstop (10 Hz, not a poll).
+    fn wait_while(&self, mut full: impl FnMut() -> bool) {
+        let mut guard = crate::lock(&self.lock);
+        while full() {
+            guard = match self.cv.wait_timeout(guard, Duration::from_millis(100)) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
 }
 
 /// A batch filled on the host, not yet on the device.
@@ -743,7 +785,13 @@ impl Loader {
             .build()
             .map_err(Error::ThreadPool)?;
         let decode_pool = Arc::new(decode_pool);
-        // Begin, one message per batch in flight, End: sends never block.
+        // Begin, one message per batch in flight, End. A `Done` with a
+        // batch holds a pool buffer, so those are bounded by the pool; a
+        // failed or cancelled batch's `Done` holds none, and under
+        // `BadSamples::Fail` a run of them can fill the channel and block a
+        // worker in `send`. That never deadlocks: the uploader waits for
+        // neither workers nor feeder, its own sends give up once the epoch
+        // is cancelled, and no worker holds a gate pass while it sends.
         let (done_tx, done_rx) = bounded::<Msg>(in_flight + 2);
         let (cmd_tx, cmd_rx) = bounded::<EpochCmd>(1);
         let acks = Arc::new(Acks::default());
@@ -806,7 +854,7 @@ impl Loader {
         // hold the pool and the uploader.
         if let Some(old) = self.current.take() {
             old.store(true, Ordering::Release);
-            self.shared.pool.wake();
+            self.shared.wake();
         }
         let cancel = Arc::new(AtomicBool::new(false));
         self.current = Some(cancel.clone());
@@ -938,7 +986,7 @@ impl Drop for Loader {
         // An epoch still running was forgotten: stop it first.
         if let Some(c) = self.current.take() {
             c.store(true, Ordering::Release);
-            self.shared.pool.wake();
+            self.shared.wake();
         }
         self.cmd.take();
         for t in self.threads.drain(..) {
@@ -1007,6 +1055,8 @@ impl Iterator for Epoch<'_> {
                         shared.pool.set_capacity(n)
                     });
                 self.remaining -= 1;
+                // A place in the prefetch queue, at the depth now chosen.
+                shared.room.notify();
                 // The consumer's stream waits for the loader's writes, on
                 // the consumer's thread ([`Guard::Ready`]).
                 let guards = shared.uploader.guards();
@@ -1043,7 +1093,7 @@ impl ExactSizeIterator for Epoch<'_> {}
 impl Drop for Epoch<'_> {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Release);
-        self.loader.shared.pool.wake();
+        self.loader.shared.wake();
         if self.rx.take().is_some() {
             // The uploader acknowledges once every dispatched batch is back.
             self.loader.acks.wait(self.gen);
@@ -1741,12 +1791,11 @@ fn flush(shared: &Shared, r: &mut Running) {
         };
         if let Some(out) = &r.out {
             // The prefetch depth AUTOTUNE chose, below the channel's size.
-            while out.len() >= shared.knobs.prefetch.load(Ordering::Relaxed)
-                && !r.cancel.load(Ordering::Relaxed)
-                && out.len() < out.capacity().unwrap_or(usize::MAX)
-            {
-                std::thread::sleep(Duration::from_micros(200));
-            }
+            shared.room.wait_while(|| {
+                out.len() >= shared.knobs.prefetch.load(Ordering::Relaxed)
+                    && !r.cancel.load(Ordering::Relaxed)
+                    && out.len() < out.capacity().unwrap_or(usize::MAX)
+            });
             // Never blocks for good: an epoch forgotten with a full channel
             // has a receiver nobody reads, and is cancelled.
             let mut item = item;
