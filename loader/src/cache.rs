@@ -33,7 +33,13 @@ pub enum CacheMode {
 #[derive(Debug)]
 enum Payload {
     Memory(Box<[u8]>),
-    Disk { offset: u64, len: u64 },
+    /// Bytes in the cache file, with their CRC-32C: a disk that returns
+    /// other bytes is caught, and the sample read from its source instead.
+    Disk {
+        offset: u64,
+        len: u64,
+        crc: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -100,15 +106,29 @@ impl Cache {
         }
     }
 
-    /// The cached sample `index`, with the key its read gave.
+    /// The cached sample `index`, with the key its read gave. An error (a
+    /// cache file that cannot be read back, or gives other bytes) is for
+    /// the caller to fall back on the source.
     pub(crate) fn get(&self, index: usize) -> Option<Result<Record>> {
         let e = self.entries.get(index)?.get()?;
         let bytes = match &e.payload {
             Payload::Memory(b) => Ok(b.to_vec()),
-            Payload::Disk { offset, len } => {
+            Payload::Disk { offset, len, crc } => {
                 let d = self.disk.as_ref().expect("disk entries need a disk cache");
                 let mut buf = vec![0; *len as usize];
-                read_exact_at(&d.reader, &d.path, *offset, &mut buf).map(|()| buf)
+                read_exact_at(&d.reader, &d.path, *offset, &mut buf).and_then(|()| {
+                    if crc32c::crc32c(&buf) == *crc {
+                        Ok(buf)
+                    } else {
+                        Err(Error::Shard {
+                            path: d.path.clone(),
+                            offset: *offset,
+                            reason: format!(
+                                "cache entry of sample {index} ({len} bytes) fails its CRC"
+                            ),
+                        })
+                    }
+                })
             }
         };
         Some(bytes.map(|bytes| Record {
@@ -122,7 +142,7 @@ impl Cache {
     /// Keeps sample `index` if `fits(bytes held after)` allows (memory) or
     /// the file takes it (disk). What does not fit stays uncached: nothing
     /// is evicted. Returns whether it was stored.
-    pub(crate) fn put(&self, index: usize, r: &Record, fits: impl FnOnce(u64) -> bool) -> bool {
+    pub(crate) fn put(&self, index: usize, r: &Record, fits: impl Fn(u64) -> bool) -> bool {
         let Some(slot) = self.entries.get(index) else {
             return false;
         };
@@ -133,10 +153,21 @@ impl Cache {
         let len = (r.bytes.len() + r.key.len()) as u64;
         let payload = match &self.disk {
             None => {
-                let after = self.bytes.load(Relaxed) + len;
-                if !fits(after) {
-                    self.full.store(true, Relaxed);
-                    return false;
+                // Reserved before the copy: concurrent puts cannot all pass
+                // the check and overshoot the budget together.
+                let mut held = self.bytes.load(Relaxed);
+                loop {
+                    if !fits(held + len) {
+                        self.full.store(true, Relaxed);
+                        return false;
+                    }
+                    match self
+                        .bytes
+                        .compare_exchange_weak(held, held + len, Relaxed, Relaxed)
+                    {
+                        Ok(_) => break,
+                        Err(now) => held = now,
+                    }
                 }
                 Payload::Memory(r.bytes.clone().into_boxed_slice())
             }
@@ -153,6 +184,7 @@ impl Cache {
                 Payload::Disk {
                     offset,
                     len: on_disk,
+                    crc: crc32c::crc32c(&r.bytes),
                 }
             }
         };
@@ -164,9 +196,51 @@ impl Cache {
                 rgb_size: r.rgb_size,
             })
             .is_ok();
-        if stored {
-            self.bytes.fetch_add(len, Relaxed);
+        match (&self.disk, stored) {
+            (Some(_), true) => {
+                self.bytes.fetch_add(len, Relaxed);
+            }
+            // Another worker stored it first: give the reservation back.
+            (None, false) => {
+                self.bytes.fetch_sub(len, Relaxed);
+            }
+            _ => {}
         }
         stored
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_puts_stay_within_the_budget() {
+        // 8 workers storing 64 KB records at once under a 1 MB budget: the
+        // check and the count are one step, so no two pass it together.
+        for round in 0..20 {
+            let cache = Cache::new(CacheMode::Encoded, 256, None).unwrap();
+            let budget = 1 << 20;
+            let go = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                for t in 0..8 {
+                    let (cache, go) = (&cache, &go);
+                    s.spawn(move || {
+                        let r = Record::encoded(format!("r{t}"), vec![t as u8; 64 << 10], 0);
+                        go.wait();
+                        for i in (t..256).step_by(8) {
+                            cache.put(i, &r, |after| after <= budget);
+                        }
+                    });
+                }
+            });
+            assert!(
+                cache.memory() <= budget,
+                "round {round}: {}",
+                cache.memory()
+            );
+            let stored = cache.entries.iter().filter(|e| e.get().is_some()).count() as u64;
+            assert_eq!(cache.memory(), stored * ((64 << 10) + 2), "round {round}");
+        }
     }
 }

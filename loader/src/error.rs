@@ -146,3 +146,17 @@ impl Error {
         }
     }
 }
+
+/// An error and its whole cause chain on one line, `": "`-joined
+/// (`cannot read "a.jpg": No such file or directory`): what wick prints and
+/// keeps in [`crate::Stats`].
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s += ": ";
+        s += &c.to_string();
+        cur = c.source();
+    }
+    s
+}

@@ -93,7 +93,7 @@ pub use cache::CacheMode;
 pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::{decode_rgb_into, JPEG_DECODER};
 pub use device::NormalizeAt;
-pub use error::{Error, Result};
+pub use error::{error_chain, Error, Result};
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use sampler::Sampler;
 pub use source::{

@@ -1355,7 +1355,15 @@ fn process(
     let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
-        let cached = shared.cache.as_ref().and_then(|c| c.get(index));
+        // A cache entry that cannot be read back is a miss: the source
+        // gives what an uncached run reads (and the error is counted).
+        let cached = match shared.cache.as_ref().and_then(|c| c.get(index)) {
+            Some(Err(e)) => {
+                shared.counters.cache_error(&e);
+                None
+            }
+            hit => hit,
+        };
         let hit = cached.is_some();
         let (record, read) = match (cached, pre) {
             (Some(r), _) => {

@@ -32,6 +32,8 @@ pub(crate) struct Counters {
     workers: AtomicU64,
     cache_bytes: AtomicU64,
     cache_hits: AtomicU64,
+    /// Cache entries that could not be read back, and the last such error.
+    cache_errors: Mutex<(u64, Option<String>)>,
     /// Distinct skipped keys in first-seen order, and the set of them.
     skipped_keys: Mutex<(Vec<String>, std::collections::HashSet<String>)>,
     skipped_total: AtomicU64,
@@ -193,6 +195,14 @@ impl Counters {
         self.cache_hits.fetch_add(1, Relaxed);
     }
 
+    /// A cache entry that could not be read back (the sample is read from
+    /// its source instead).
+    pub(crate) fn cache_error(&self, e: &crate::Error) {
+        let mut c = crate::lock(&self.cache_errors);
+        c.0 += 1;
+        c.1 = Some(crate::error::error_chain(e));
+    }
+
     /// Total consumer wait so far, excluding the epochs' first batches.
     pub(crate) fn steady_wait(&self) -> Duration {
         Duration::from_nanos(self.wait_ns.load(Relaxed))
@@ -233,6 +243,7 @@ impl Counters {
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
+        let (cache_errors, cache_error) = crate::lock(&self.cache_errors).clone();
         let samples = self.samples.load(Relaxed);
         let wall = self.clock.lock().map_or(Duration::ZERO, |c| {
             c.finished + c.running_since.map_or(Duration::ZERO, |t| t.elapsed())
@@ -330,6 +341,8 @@ impl Counters {
             workers: self.workers.load(Relaxed) as usize,
             cache_bytes: self.cache_bytes.load(Relaxed),
             cache_hits: self.cache_hits.load(Relaxed),
+            cache_errors,
+            cache_error,
             consumer_wait_per_batch: Duration::from_nanos(
                 self.wait_ns
                     .load(Relaxed)
@@ -414,6 +427,12 @@ pub struct Stats {
     pub cache_bytes: u64,
     /// Samples served from the cache.
     pub cache_hits: u64,
+    /// Cache entries that could not be read back (a disk cache's read
+    /// error, or bytes that fail their CRC): each such sample was read from
+    /// its source instead, so batches are unchanged.
+    pub cache_errors: u64,
+    /// The last of those errors, with its cause chain.
+    pub cache_error: Option<String>,
     /// Mean time the consumer waited per batch.
     pub consumer_wait_per_batch: Duration,
     /// Longest wait for one batch.
@@ -574,7 +593,18 @@ impl Stats {
             self.decode_scratch_bytes as f64 / 1e6,
             self.decode_scratches,
             if self.cache_bytes > 0 || self.cache_hits > 0 {
-                format!(", cache {:.1} MB, {} hits", self.cache_bytes as f64 / 1e6, self.cache_hits)
+                format!(
+                    ", cache {:.1} MB, {} hits{}",
+                    self.cache_bytes as f64 / 1e6,
+                    self.cache_hits,
+                    match &self.cache_error {
+                        Some(e) => format!(
+                            ", {} entries unreadable and read from the source (last: {e})",
+                            self.cache_errors
+                        ),
+                        None => String::new(),
+                    }
+                )
             } else {
                 String::new()
             },

@@ -50,7 +50,7 @@ fn fail_policy_names_each_bad_file() {
     for b in epoch {
         match b {
             Ok(b) => good += b.len(),
-            Err(e) => errors.push(format!("{e} ({})", error_chain(&e))),
+            Err(e) => errors.push(candle_wick::error_chain(&e)),
         }
     }
     assert_eq!(good, 12);
@@ -58,16 +58,6 @@ fn fail_policy_names_each_bad_file() {
     assert!(errors[0].contains("corrupt.jpg"), "{}", errors[0]);
     assert!(errors[1].contains("empty.jpg"), "{}", errors[1]);
     assert!(errors[2].contains("missing.jpg"), "{}", errors[2]);
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = String::new();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s += &format!("{c}; ");
-        cur = c.source();
-    }
-    s
 }
 
 #[test]

@@ -24,6 +24,17 @@ fn run(
     cache: Option<(CacheMode, Option<std::path::PathBuf>)>,
     budget: u64,
 ) -> (Vec<Vec<u8>>, Vec<usize>, u64) {
+    let (images, reads, stats) = run_then(root, cache, budget, &|| {});
+    (images, reads, stats.cache_bytes)
+}
+
+/// [`run`], calling `after_first` once epoch 0 has filled the cache.
+fn run_then(
+    root: &std::path::Path,
+    cache: Option<(CacheMode, Option<std::path::PathBuf>)>,
+    budget: u64,
+    after_first: &dyn Fn(),
+) -> (Vec<Vec<u8>>, Vec<usize>, candle_wick::Stats) {
     let reads = Arc::new(AtomicUsize::new(0));
     let mut b = Loader::builder(Counting(ImageFolder::new(root).unwrap(), reads.clone()))
         .batch_size(4)
@@ -52,8 +63,11 @@ fn run(
             images.push(seen);
         }
         per_epoch.push(reads.load(Ordering::Relaxed) - before);
+        if epoch == 0 {
+            after_first();
+        }
     }
-    (images, per_epoch, l.stats().cache_bytes)
+    (images, per_epoch, l.stats())
 }
 
 /// 18 PNGs in 2 classes. PNG, because with the `turbojpeg` feature an
@@ -90,6 +104,56 @@ fn cached_epochs_read_nothing_and_match_uncached_batches() {
         assert_eq!(reads, [18, 0, 0], "{mode:?} on disk");
         assert_eq!(imgs, plain);
         assert!(std::fs::metadata(&file).unwrap().len() > 0);
+    }
+}
+
+/// A cache file that fails under the loader (cut short, or giving other
+/// bytes back) changes nothing in the batches: each entry that cannot be
+/// read back, or fails its CRC, is read from the source as an uncached run
+/// would, and counted.
+#[test]
+fn an_unreadable_disk_cache_entry_is_read_from_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    png_folder(dir.path());
+    let (plain, _, _) = run(dir.path(), None, 1 << 30);
+    let file = dir.path().join("damaged.cache");
+    type Damage = fn(&std::path::Path);
+    let cut: Damage = |f| {
+        let len = std::fs::metadata(f).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+    };
+    let flip: Damage = |f| {
+        let mut bytes = std::fs::read(f).unwrap();
+        for b in bytes.iter_mut().step_by(97) {
+            *b ^= 0x5A;
+        }
+        // Written in place: the loader's open handle reads the new bytes.
+        use std::io::{Seek, Write};
+        let mut h = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        h.seek(std::io::SeekFrom::Start(0)).unwrap();
+        h.write_all(&bytes).unwrap();
+    };
+    for (name, damage) in [("cut", cut), ("flipped", flip)] {
+        for mode in [CacheMode::Encoded, CacheMode::Decoded] {
+            let cache = Some((mode, Some(file.clone())));
+            let (imgs, reads, stats) = run_then(dir.path(), cache, 1 << 30, &|| damage(&file));
+            assert_eq!(
+                imgs, plain,
+                "{name} {mode:?}: the batches of an uncached run"
+            );
+            assert!(
+                reads[1] > 0 && reads[1] == reads[2],
+                "{name} {mode:?}: {reads:?}"
+            );
+            assert_eq!(stats.cache_errors, 2 * reads[1] as u64, "{name} {mode:?}");
+            let e = stats.cache_error.unwrap();
+            assert!(e.contains("damaged.cache"), "{e}");
+        }
     }
 }
 

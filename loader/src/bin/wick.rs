@@ -488,13 +488,7 @@ fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn report_error(e: &dyn std::error::Error) -> ExitCode {
-    eprint!("wick: {e}");
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        eprint!(": {c}");
-        cur = c.source();
-    }
-    eprintln!();
+    eprintln!("wick: {}", candle_wick::error_chain(e));
     ExitCode::FAILURE
 }
 
