@@ -1824,3 +1824,142 @@ fn flush(shared: &Shared, r: &mut Running) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MemorySource;
+
+    /// The uploader's protocol, message by message: batches are handed over
+    /// in index order whatever order they finish in, a cancelled batch
+    /// (`Done(None)`) is passed over, `End` before the last `Done` waits
+    /// for it, a late batch of an older generation is given back and never
+    /// delivered, and every buffer returns to the pool.
+    #[test]
+    fn the_uploader_reorders_skips_and_keeps_generations_apart() {
+        // A broken protocol hangs (a channel that never ends): fail instead.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            uploader_protocol();
+            let _ = tx.send(());
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hang: watchdog expired"),
+            // A panic in the body (the harness prints it) or success.
+            r => r.expect("the protocol test panicked"),
+        }
+    }
+
+    fn uploader_protocol() {
+        let records = (0..4)
+            .map(|i| Record::encoded(format!("r{i}"), vec![1], 0))
+            .collect();
+        let loader = Loader::builder(MemorySource::new(records))
+            .batch_size(2)
+            .image_size(2)
+            .output(Output::U8Nhwc)
+            .workers(1)
+            .batches_in_flight(8)
+            .prefetch(8)
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        let shared = loader.shared.clone();
+        let (tx, rx) = bounded::<Msg>(64);
+        let acks = Arc::new(Acks::default());
+        let uploader = {
+            let (shared, acks) = (shared.clone(), acks.clone());
+            std::thread::spawn(move || upload_loop(&shared, &rx, &acks))
+        };
+        let never = AtomicBool::new(false);
+        let slot = 2 * shared.transform.slot_len();
+        // Batch `index` of a generation, its bytes all `tag`.
+        let done = |gen: u64, index: usize, tag: u8| {
+            let mut buf = shared.pool.acquire(&never).unwrap().unwrap();
+            match &mut buf {
+                HostBuf::U8(v) => {
+                    v.clear();
+                    v.resize(slot, tag);
+                }
+                _ => unreachable!("a CPU loader with U8 output"),
+            }
+            let host = HostBatch {
+                buf,
+                labels: vec![tag as u32; 2],
+                keys: vec![format!("k{index}"); 2],
+                indices: vec![2 * index, 2 * index + 1],
+                skipped: Vec::new(),
+            };
+            Msg::Done(
+                gen,
+                Filled {
+                    index,
+                    result: Some(Ok(host)),
+                },
+            )
+        };
+        let begin = |gen: u64, out: Sender<Result<Pending>>| Msg::Begin {
+            gen,
+            out,
+            first: 0,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        let delivered = |rx: Receiver<Result<Pending>>| -> Vec<(usize, u8)> {
+            rx.iter()
+                .map(|p| {
+                    let b = p.unwrap().take();
+                    let px = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                    assert!(px.iter().all(|&x| x == px[0]), "batch {} torn", b.index);
+                    assert_eq!(b.labels.to_vec1::<u32>().unwrap(), [px[0] as u32; 2]);
+                    (b.index, px[0])
+                })
+                .collect()
+        };
+
+        // Generation 1: finished out of order, batch 1 cancelled, End
+        // before the last two.
+        let (out, got) = bounded(16);
+        tx.send(begin(1, out)).unwrap();
+        tx.send(done(1, 2, 12)).unwrap();
+        tx.send(done(1, 0, 10)).unwrap();
+        let none = Filled {
+            index: 1,
+            result: None,
+        };
+        tx.send(Msg::Done(1, none)).unwrap();
+        tx.send(Msg::End {
+            gen: 1,
+            dispatched: 5,
+        })
+        .unwrap();
+        tx.send(done(1, 4, 14)).unwrap();
+        tx.send(done(1, 3, 13)).unwrap();
+        // The channel ends once all five are back.
+        assert_eq!(delivered(got), [(0, 10), (2, 12), (3, 13), (4, 14)]);
+        acks.wait(1);
+
+        // Generation 2 begins while generation 1's stragglers still arrive
+        // (a forgotten epoch): those are given back, not delivered.
+        let (out, got) = bounded(16);
+        tx.send(begin(2, out)).unwrap();
+        tx.send(done(1, 0, 99)).unwrap();
+        tx.send(done(2, 1, 21)).unwrap();
+        tx.send(done(1, 1, 98)).unwrap();
+        tx.send(Msg::End {
+            gen: 1,
+            dispatched: 9,
+        })
+        .unwrap();
+        tx.send(done(2, 0, 20)).unwrap();
+        tx.send(Msg::End {
+            gen: 2,
+            dispatched: 2,
+        })
+        .unwrap();
+        assert_eq!(delivered(got), [(0, 20), (1, 21)]);
+        acks.wait(2);
+        drop(tx);
+        uploader.join().unwrap();
+        assert_eq!(shared.pool.out(), 0, "every buffer is back in the pool");
+    }
+}
