@@ -141,8 +141,12 @@ struct Shard {
     compression: Compression,
     /// Open file for positioned reads (uncompressed shards only).
     file: Option<File>,
-    /// `(offset, data length)` of each record.
+    /// `(offset, data length)` of each record (uncompressed shards; a
+    /// compressed one is read in order and keeps only its count, so a
+    /// stream of many tiny records costs no memory per record).
     records: Vec<(u64, u64)>,
+    /// Records in the shard.
+    count: usize,
 }
 
 /// A dataset of TFRecord shards holding `tf.train.Example`s, read at random
@@ -182,7 +186,7 @@ impl TfRecord {
             let path = path.as_ref();
             let compression = opts.compression.resolve(path);
             let (file, len) = open_shard(path)?;
-            let (records, file) = if compression == Compression::None {
+            let (records, count, file) = if compression == Compression::None {
                 let idx = index_path(path);
                 let records = if opts.read_index_files && idx.exists() {
                     read_index_file(&idx, path, &file, len)?
@@ -193,16 +197,14 @@ impl TfRecord {
                     }
                     records
                 };
-                (records, Some(file))
+                let count = records.len();
+                (records, count, Some(file))
             } else {
-                let mut records = Vec::new();
+                let mut count = 0;
                 let mut reader = RecordReader::new(decompress(file, compression), path);
                 while let Some(head) = reader.next_header() {
-                    match head.and_then(|(offset, len)| {
-                        reader.skip(len)?;
-                        Ok((offset, len))
-                    }) {
-                        Ok(r) => records.push(r),
+                    match head.and_then(|(_, len)| reader.skip(len)) {
+                        Ok(()) => count += 1,
                         Err(Error::Shard { offset, reason, .. }) => {
                             set.damaged(&opts.shard, path, offset, reason)?;
                             break;
@@ -210,14 +212,15 @@ impl TfRecord {
                         Err(e) => return Err(e),
                     }
                 }
-                (records, None)
+                (Vec::new(), count, None)
             };
-            set.push(path, records.len());
+            set.push(path, count);
             shards.push(Shard {
                 path: path.to_path_buf(),
                 compression,
                 file,
                 records,
+                count,
             });
         }
         Ok(Self { shards, set, opts })
@@ -286,7 +289,6 @@ impl Source for TfRecord {
     fn read(&self, index: usize) -> Result<Record> {
         let (s, number) = self.set.locate(index)?;
         let shard = &self.shards[s];
-        let (offset, len) = shard.records[number];
         let Some(file) = &shard.file else {
             return Err(Error::InvalidConfig(format!(
                 "{:?} is {:?}-compressed: it has no random access; stream it with \
@@ -294,6 +296,7 @@ impl Source for TfRecord {
                 shard.path, shard.compression
             )));
         };
+        let (offset, len) = shard.records[number];
         let mut buf = vec![0; len as usize + 16];
         read_exact_at(file, &shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
@@ -322,7 +325,7 @@ impl Source for TfRecord {
             self.opts.image_key.clone(),
             self.opts.label_key.clone(),
         );
-        let stream = (0..s.records.len()).map(move |number| {
+        let stream = (0..s.count).map(move |number| {
             let (offset, data) = reader.next_record()?;
             let (image, label) = parse_example(&data, &image_key, &label_key)
                 .map_err(|reason| shard_error(&path, offset, reason))?;
@@ -623,8 +626,16 @@ impl RecordReader {
                 "stream ends before the record the scan found",
             ))
         })?;
-        let mut rest = vec![0; len as usize + 4];
-        self.inner.read_exact(&mut rest).map_err(|e| self.io(e))?;
+        // Grown as the bytes arrive, not allocated from the header's claim.
+        let mut rest = Vec::new();
+        let want = len + 4;
+        let got = (&mut self.inner)
+            .take(want)
+            .read_to_end(&mut rest)
+            .map_err(|e| self.io(e))?;
+        if (got as u64) < want {
+            return Err(self.io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
         self.offset += 16 + len;
         let (data, foot) = rest.split_at(len as usize);
         if masked_crc(data) != u32::from_le_bytes(foot.try_into().expect("4 bytes")) {
@@ -762,5 +773,43 @@ mod tests {
             let e = reader(kind).next_header().unwrap().unwrap_err();
             assert!(matches!(e, Error::Shard { .. }), "{e}");
         }
+    }
+
+    /// A gzip shard of many empty records (a few KB on disk, 3.2 MB
+    /// decompressed) opens to its count, holding nothing per record, and
+    /// streams all of them; a record cut short is damage.
+    #[test]
+    fn a_compressed_shard_keeps_a_count_not_an_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.tfrecord.gz");
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let mut w = TfRecordWriter::new(gz);
+        for _ in 0..200_000 {
+            w.write_record(&[]).unwrap();
+        }
+        let bytes = w.finish().unwrap().finish().unwrap();
+        assert!(bytes.len() < 64 << 10, "{} bytes", bytes.len());
+        std::fs::write(&path, &bytes).unwrap();
+        let t = TfRecord::open([&path]).unwrap();
+        assert_eq!((t.len(), t.shards[0].count), (200_000, 200_000));
+        assert!(t.shards[0].records.is_empty(), "no per-record index");
+        // Every record is there to stream (each fails to parse: empty).
+        let n = t.stream_shard(0).unwrap().unwrap().count();
+        assert_eq!(n, 200_000);
+
+        // A record whose header claims more than the stream holds: damage
+        // ("ends inside a record"), read without allocating the claim.
+        let mut claim = Vec::new();
+        let len = (400u64 << 20).to_le_bytes();
+        claim.extend(len);
+        claim.extend(masked_crc(&len).to_le_bytes());
+        claim.extend([0; 100]);
+        let mut r = RecordReader::new(
+            Box::new(std::io::Cursor::new(claim)),
+            Path::new("cut.tfrecord.gz"),
+        );
+        let e = r.next_record().unwrap_err();
+        assert!(matches!(e, Error::Shard { .. }), "{e}");
+        assert!(e.to_string().contains("ends inside a record"), "{e}");
     }
 }

@@ -115,9 +115,9 @@ impl WebDataset {
 }
 
 /// Reads the tar headers of one shard and groups its members into samples.
-fn index_shard(
+fn index_shard<R: Read + std::io::Seek>(
     path: &Path,
-    file: &File,
+    file: R,
     file_len: u64,
     opts: &WebDatasetOptions,
     set: &mut ShardSet,
@@ -133,6 +133,14 @@ fn index_shard(
     for entry in entries {
         let mut entry = match entry {
             Ok(e) => e,
+            // The disk failed, not the shard: an error, never damage that
+            // `skip_damaged` would turn into a shorter shard on this rank.
+            Err(e) if os_error(&e) => {
+                return Err(Error::Io {
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
             Err(e) => {
                 damage = Some((next_header, format!("bad tar header: {e}")));
                 break;
@@ -193,9 +201,15 @@ fn index_shard(
                 ));
             }
             let mut text = String::new();
-            entry.read_to_string(&mut text).map_err(|e| {
-                shard_error(path, start, format!("cannot read label {name:?}: {e}"))
-            })?;
+            entry
+                .read_to_string(&mut text)
+                .map_err(|e| match os_error(&e) {
+                    true => Error::Io {
+                        path: path.to_path_buf(),
+                        source: e,
+                    },
+                    false => shard_error(path, start, format!("cannot read label {name:?}: {e}")),
+                })?;
             let label = parse_label(&text, &ext, &opts.json_label_field).map_err(|reason| {
                 shard_error(path, header_at, format!("label {name:?}: {reason}"))
             })?;
@@ -215,6 +229,27 @@ fn index_shard(
         out.push(finish(path, done, opts)?);
     }
     Ok(out)
+}
+
+/// Whether a tar error comes from the operating system (a failing disk or
+/// network file system) rather than from the archive's bytes: the tar
+/// crate reports format errors as `ErrorKind::Other` messages of its own,
+/// and passes the reader's errors on, possibly wrapped.
+fn os_error(e: &std::io::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error().is_some())
+        {
+            return true;
+        }
+        cur = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io.get_ref().map(|inner| inner as _),
+            None => err.source(),
+        };
+    }
+    false
 }
 
 fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions) -> Result<Sample> {
@@ -368,6 +403,78 @@ impl<W: Write> WebDatasetWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader over `bytes` whose reads fail with an OS error (EIO) from
+    /// byte `fail_at` on: a disk failing mid-shard.
+    struct Failing {
+        inner: std::io::Cursor<Vec<u8>>,
+        fail_at: u64,
+    }
+
+    impl Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let pos = self.inner.position();
+            if pos >= self.fail_at {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            let n = buf.len().min((self.fail_at - pos) as usize);
+            self.inner.read(&mut buf[..n])
+        }
+    }
+
+    impl std::io::Seek for Failing {
+        fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+            self.inner.seek(to)
+        }
+    }
+
+    #[test]
+    fn a_failing_disk_is_an_io_error_and_bad_bytes_are_damage() {
+        let mut w = WebDatasetWriter::new(Vec::new());
+        for i in 0..6 {
+            w.write_sample(&format!("s{i}"), "png", &[7; 600], i)
+                .unwrap();
+        }
+        let tar = w.finish().unwrap();
+        let skip = WebDatasetOptions {
+            shard: ShardOptions { skip_damaged: true },
+            ..WebDatasetOptions::default()
+        };
+        let path = Path::new("shard-0.tar");
+        let len = tar.len() as u64;
+        // A sample is 2,560 bytes: the image's header and 1,024 bytes of
+        // data, the label's header and one block. Reads fail in the third
+        // sample's header, and where its label's data starts.
+        for fail_at in [2 * 2560 + 100, 2 * 2560 + 2048] {
+            let r = Failing {
+                inner: std::io::Cursor::new(tar.clone()),
+                fail_at,
+            };
+            let mut set = ShardSet::default();
+            match index_shard(path, r, len, &skip, &mut set) {
+                Err(Error::Io { path: p, source }) => {
+                    assert_eq!(p, path);
+                    assert_eq!(source.raw_os_error(), Some(5), "{source}");
+                }
+                other => panic!("fail at {fail_at}: {other:?}"),
+            }
+            assert!(set.damage.is_empty(), "an I/O error is not damage");
+        }
+        // The same archive with a corrupt header checksum: damage, kept
+        // under skip_damaged, with the samples before it.
+        let mut bad = tar.clone();
+        bad[2 * 2560 + 148] ^= 0x11;
+        let mut set = ShardSet::default();
+        let r = std::io::Cursor::new(bad);
+        let samples = index_shard(path, r, len, &skip, &mut set).unwrap();
+        assert_eq!(samples.len(), 2);
+        assert_eq!(set.damage.len(), 1, "{:?}", set.damage);
+        assert!(
+            set.damage[0].reason.contains("bad tar header"),
+            "{:?}",
+            set.damage
+        );
+    }
 
     #[test]
     fn keys_split_at_the_first_dot_of_the_file_name() {
