@@ -116,7 +116,7 @@ pub struct LoaderBuilder {
     prefetch: usize,
     in_flight: usize,
     shuffle: Option<u64>,
-    seed: u64,
+    seed: Option<u64>,
     drop_last: bool,
     size: (usize, usize),
     transforms: TransformChoice,
@@ -216,10 +216,10 @@ impl LoaderBuilder {
     }
 
     /// Shuffle every epoch with a permutation drawn from `(seed, epoch)`, and
-    /// use `seed` for the augmentations too. Default: source order.
+    /// use `seed` for the augmentations too unless [`seed`](Self::seed)
+    /// sets theirs (in either order). Default: source order.
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle = Some(seed);
-        self.seed = seed;
         self
     }
 
@@ -253,10 +253,11 @@ impl LoaderBuilder {
         self
     }
 
-    /// Seed of the augmentation draws without shuffling. Default 0 (or the
-    /// seed given to [`shuffle`](Self::shuffle)).
+    /// Seed of the augmentation draws. Default: the seed given to
+    /// [`shuffle`](Self::shuffle), or 0 without shuffling. The order of the
+    /// two calls does not matter.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.seed = Some(seed);
         self
     }
 
@@ -396,7 +397,8 @@ impl LoaderBuilder {
         };
         let finish = Finish::new(self.output, self.normalize_at, self.dtype, &self.device)?;
         let host_output = finish.host_output(self.output);
-        let transform = ImageTransform::new(transforms, host_output, h, w, self.seed)?;
+        let seed = self.seed.or(self.shuffle).unwrap_or(0);
+        let transform = ImageTransform::new(transforms, host_output, h, w, seed)?;
         let auto = Auto {
             workers: self.workers == 0,
             in_flight: self.in_flight == 0,
@@ -743,7 +745,7 @@ impl Loader {
             prefetch: 0,
             in_flight: 0,
             shuffle: None,
-            seed: 0,
+            seed: None,
             drop_last: false,
             size: (224, 224),
             transforms: TransformChoice::Eval,

@@ -656,8 +656,10 @@ impl ImageTransform {
                     ((resize as f64 * w / h) as usize, resize)
                 };
                 let (nw, nh) = (nw.max(self.width), nh.max(self.height));
-                let left = ((nw - self.width) as f64 / 2.0).round();
-                let top = ((nh - self.height) as f64 / 2.0).round();
+                // Python's `round`, as torchvision's `center_crop`: ties go
+                // to even (an odd margin of 117 starts the crop at 58).
+                let left = ((nw - self.width) as f64 / 2.0).round_ties_even();
+                let top = ((nh - self.height) as f64 / 2.0).round_ties_even();
                 let (sx, sy) = (w / nw as f64, h / nh as f64);
                 // `min`: rounding must not push the window past the edge
                 // (20x18 -> 13x12, crop 12: 1.538 + 18.46 > 20 by an ulp).
@@ -812,8 +814,9 @@ fn random_resized_crop(
     for _ in 0..10 {
         let target = area * uniform(rng, scale.0, scale.1);
         let aspect = uniform(rng, lr0, lr1).exp();
-        let cw = (target * aspect).sqrt().round() as usize;
-        let ch = (target / aspect).sqrt().round() as usize;
+        // Python's `round` (ties to even), as torchvision.
+        let cw = (target * aspect).sqrt().round_ties_even() as usize;
+        let ch = (target / aspect).sqrt().round_ties_even() as usize;
         if cw > 0 && cw <= iw && ch > 0 && ch <= ih {
             let top = rng.random_range(0..=ih - ch);
             let left = rng.random_range(0..=iw - cw);
@@ -827,9 +830,9 @@ fn random_resized_crop(
     }
     let in_ratio = w / h;
     let (cw, ch) = if in_ratio < ratio.0 {
-        (iw, ((w / ratio.0).round() as usize).clamp(1, ih))
+        (iw, ((w / ratio.0).round_ties_even() as usize).clamp(1, ih))
     } else if in_ratio > ratio.1 {
-        (((h * ratio.1).round() as usize).clamp(1, iw), ih)
+        (((h * ratio.1).round_ties_even() as usize).clamp(1, iw), ih)
     } else {
         (iw, ih)
     };
@@ -848,6 +851,28 @@ fn uniform(rng: &mut impl Rng, lo: f64, hi: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn centre_crop_margins_round_as_python() {
+        // torchvision: crop_top = int(round((17 - 12) / 2.0)) = 2 (ties to
+        // even); it was 3.
+        let t = ImageTransform::new(
+            Transforms::ResizeCenterCrop { resize: 12 },
+            Output::U8Nhwc,
+            12,
+            12,
+            0,
+        )
+        .unwrap();
+        let (crop, flip) = t.params(12, 17, 0, 0);
+        assert_eq!(
+            (crop.left, crop.top, crop.width, crop.height),
+            (0.0, 2.0, 12.0, 12.0)
+        );
+        assert!(!flip);
+        // 19 - 12 = 7: 3.5 goes to 4, as Python's round(3.5).
+        assert_eq!(t.params(19, 12, 0, 0).0.left, 4.0);
+    }
 
     #[test]
     fn scratch_pool_holds_one_set_per_active_worker_and_counts_it() {

@@ -101,3 +101,37 @@ fn resuming_at_batch_k_gives_the_rest_of_the_epoch() {
         assert_eq!(x.to_vec1::<f32>().unwrap(), y.to_vec1::<f32>().unwrap());
     }
 }
+
+/// `seed` sets the augmentation seed whichever of `seed` and `shuffle` is
+/// called first (`.seed(a).shuffle(b)` used to take `b` for both).
+#[test]
+fn seed_and_shuffle_commute() {
+    let dir = tempfile::tempdir().unwrap();
+    image_folder(dir.path(), 2, 6);
+    let pixels = |b: candle_wick::LoaderBuilder| -> Vec<u8> {
+        let mut l = b
+            .batch_size(4)
+            .image_size(16)
+            .train_transforms()
+            .output(Output::U8Nhwc)
+            .workers(1)
+            .build()
+            .unwrap();
+        l.epoch(0)
+            .flat_map(|b| {
+                b.unwrap()
+                    .images
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<u8>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let builder = || Loader::builder(ImageFolder::new(dir.path()).unwrap());
+    let seed_first = pixels(builder().seed(5).shuffle(3));
+    let shuffle_first = pixels(builder().shuffle(3).seed(5));
+    assert_eq!(seed_first, shuffle_first);
+    // And the augmentation seed really is 5, not the shuffle's 3.
+    assert_ne!(seed_first, pixels(builder().shuffle(3)));
+}

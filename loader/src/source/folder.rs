@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 /// `ImageFolder`.
 ///
 /// - The class folders, sorted by name, give the label indices `0..n`.
-/// - Files are found recursively inside each class folder, in sorted order.
+/// - Files are found recursively inside each class folder, in torchvision's
+///   order: folder by folder (folders sorted by path, as strings), each
+///   folder's files sorted by name.
 /// - Only image extensions (`jpg`, `jpeg`, `png`, `webp`, `bmp`, in any case)
 ///   count; hidden files and folders (names starting with `.`) and other
 ///   files are ignored.
@@ -42,7 +44,25 @@ fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(entries)
 }
 
+/// Every image under class folder `dir`, in torchvision's order
+/// (`sorted(os.walk(dir))`, then `sorted(files)`): folder by folder, the
+/// folders sorted by their whole path as a string, each folder's files by
+/// name. So `cat/z.jpeg` comes before `cat/sub/y.jpg`, and `cat/a b/`
+/// before `cat/a/sub/` (a space sorts before `/`).
 fn collect_images(dir: &Path, label: u32, out: &mut Vec<(PathBuf, u32)>) -> Result<()> {
+    let mut folders = Vec::new();
+    walk(dir, &mut folders)?;
+    folders.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, mut files) in folders {
+        files.sort_by_key(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()));
+        out.extend(files.into_iter().map(|f| (f, label)));
+    }
+    Ok(())
+}
+
+/// Folder `dir` and every folder below it, each with its image files.
+fn walk(dir: &Path, folders: &mut Vec<(String, Vec<PathBuf>)>) -> Result<()> {
+    let mut files = Vec::new();
     for path in sorted_entries(dir)? {
         // `metadata` follows symlinks, as torchvision's `os.walk(followlinks=True)`.
         let meta = std::fs::metadata(&path).map_err(|source| Error::Io {
@@ -50,11 +70,12 @@ fn collect_images(dir: &Path, label: u32, out: &mut Vec<(PathBuf, u32)>) -> Resu
             source,
         })?;
         if meta.is_dir() {
-            collect_images(&path, label, out)?;
+            walk(&path, folders)?;
         } else if meta.is_file() && is_image_path(&path) {
-            out.push((path, label));
+            files.push(path);
         }
     }
+    folders.push((dir.to_string_lossy().into_owned(), files));
     Ok(())
 }
 
@@ -149,7 +170,17 @@ mod tests {
         let r = dir.path();
         for (class, files) in [
             ("dog", &["b.JPG", "a.png", ".hidden.jpg", "notes.txt"][..]),
-            ("cat", &["z.jpeg", "sub/y.jpg"][..]),
+            (
+                "cat",
+                &[
+                    "z.jpeg",
+                    "sub/y.jpg",
+                    "a/sub/w.jpg",
+                    "a b/v.jpg",
+                    "a-b/u.jpg",
+                    "a/t.jpg",
+                ][..],
+            ),
             (".git", &["x.jpg"][..]),
         ] {
             for f in files {
@@ -166,11 +197,18 @@ mod tests {
             .iter()
             .map(|(p, l)| (p.strip_prefix(r).unwrap().to_path_buf(), *l))
             .collect();
+        // torchvision's order: `sorted(os.walk(cat))` sorts folders as
+        // strings (cat < cat/a < "cat/a b" < cat/a-b < cat/a/sub < cat/sub),
+        // then each folder's files by name.
         assert_eq!(
             names,
             [
-                (PathBuf::from("cat/sub/y.jpg"), 0),
                 (PathBuf::from("cat/z.jpeg"), 0),
+                (PathBuf::from("cat/a/t.jpg"), 0),
+                (PathBuf::from("cat/a b/v.jpg"), 0),
+                (PathBuf::from("cat/a-b/u.jpg"), 0),
+                (PathBuf::from("cat/a/sub/w.jpg"), 0),
+                (PathBuf::from("cat/sub/y.jpg"), 0),
                 (PathBuf::from("dog/a.png"), 1),
                 (PathBuf::from("dog/b.JPG"), 1),
             ]
