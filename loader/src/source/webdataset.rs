@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 
 /// Largest label file read (`.cls`, `.json`).
 const MAX_LABEL_BYTES: u64 = 64 << 10;
+/// Largest GNU long-name or PAX extension member read (a path is at most
+/// 4 KiB on Linux; the tar crate alone would read any size).
+const MAX_EXTENSION_BYTES: u64 = 64 << 10;
 /// Largest image member read.
 const MAX_IMAGE_BYTES: u64 = super::MAX_FILE_BYTES;
 
@@ -126,10 +129,22 @@ fn index_shard<R: Read + std::io::Seek>(
     let mut archive = tar::Archive::new(file);
     let mut next_header = 0u64;
     let mut pending: Option<Pending> = None;
+    // Raw: GNU long-name and PAX members come to this loop, which bounds
+    // their size, instead of being read whole inside the tar crate.
     let entries = archive
         .entries_with_seek()
-        .map_err(|e| shard_error(path, 0, format!("not a tar archive: {e}")))?;
+        .map_err(|e| shard_error(path, 0, format!("not a tar archive: {e}")))?
+        .raw(true);
     let mut damage: Option<(u64, String)> = None;
+    // What extension members said about the next member.
+    let (mut long_name, mut pax_path, mut pax_size) = (None, None, None);
+    let io_or = |e: std::io::Error, at: u64, what: String| match os_error(&e) {
+        true => Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        },
+        false => shard_error(path, at, format!("{what}: {e}")),
+    };
     for entry in entries {
         let mut entry = match entry {
             Ok(e) => e,
@@ -156,15 +171,68 @@ fn index_shard<R: Read + std::io::Seek>(
             break;
         }
         next_header = start + size.div_ceil(512) * 512;
-        if !entry.header().entry_type().is_file() {
+        let kind = entry.header().entry_type();
+        let long = kind.is_gnu_longname() || kind.is_gnu_longlink();
+        if long || kind.is_pax_local_extensions() || kind.is_pax_global_extensions() {
+            if size > MAX_EXTENSION_BYTES {
+                return Err(shard_error(
+                    path,
+                    header_at,
+                    format!("tar extension member of {size} bytes is over the 64 KiB limit"),
+                ));
+            }
+            let mut data = Vec::with_capacity(size as usize);
+            entry
+                .read_to_end(&mut data)
+                .map_err(|e| io_or(e, start, "cannot read a tar extension member".into()))?;
+            if kind.is_gnu_longname() {
+                while data.last() == Some(&0) {
+                    data.pop();
+                }
+                long_name = Some(data);
+            } else if kind.is_pax_local_extensions() {
+                for ext in tar::PaxExtensions::new(&data).flatten() {
+                    match ext.key_bytes() {
+                        b"path" => pax_path = Some(ext.value_bytes().to_vec()),
+                        b"size" => pax_size = Some(ext.value_bytes().to_vec()),
+                        _ => {}
+                    }
+                }
+            }
             continue;
         }
-        let name = match entry.path() {
-            Ok(p) => p.to_string_lossy().into_owned(),
-            Err(e) => {
-                damage = Some((header_at, format!("bad member name: {e}")));
+        // The extensions describe this member; a PAX size other than the
+        // header's would move every later header, which raw reading cannot
+        // follow (members that big are over the image limit anyway).
+        let name_bytes = long_name.take().or(pax_path.take());
+        if let Some(claim) = pax_size.take() {
+            if std::str::from_utf8(&claim)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                != Some(size)
+            {
+                damage = Some((
+                    header_at,
+                    format!(
+                        "PAX size {:?} disagrees with the header's {size}",
+                        String::from_utf8_lossy(&claim)
+                    ),
+                ));
                 break;
             }
+        }
+        if !kind.is_file() {
+            continue;
+        }
+        let name = match name_bytes {
+            Some(b) => String::from_utf8_lossy(&b).into_owned(),
+            None => match entry.path() {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(e) => {
+                    damage = Some((header_at, format!("bad member name: {e}")));
+                    break;
+                }
+            },
         };
         let Some((key, ext)) = split_key(&name) else {
             continue; // no extension: not part of a sample, as in WebDataset
@@ -203,13 +271,7 @@ fn index_shard<R: Read + std::io::Seek>(
             let mut text = String::new();
             entry
                 .read_to_string(&mut text)
-                .map_err(|e| match os_error(&e) {
-                    true => Error::Io {
-                        path: path.to_path_buf(),
-                        source: e,
-                    },
-                    false => shard_error(path, start, format!("cannot read label {name:?}: {e}")),
-                })?;
+                .map_err(|e| io_or(e, start, format!("cannot read label {name:?}")))?;
             let label = parse_label(&text, &ext, &opts.json_label_field).map_err(|reason| {
                 shard_error(path, header_at, format!("label {name:?}: {reason}"))
             })?;
@@ -426,6 +488,105 @@ mod tests {
         fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
             self.inner.seek(to)
         }
+    }
+
+    /// One tar member of type `kind` named `name` in its own header.
+    fn raw_member(b: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, name: &str, data: &[u8]) {
+        let mut h = tar::Header::new_ustar();
+        h.set_path(name).unwrap();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(kind);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+
+    /// A PAX record, `"<len> key=value\n"` with `len` counting itself.
+    fn pax_record(key: &str, value: &str) -> Vec<u8> {
+        let body = format!(" {key}={value}\n");
+        let mut n = body.len() + 1;
+        loop {
+            let s = format!("{n}{body}");
+            if s.len() == n {
+                return s.into_bytes();
+            }
+            n = s.len();
+        }
+    }
+
+    #[test]
+    fn long_names_and_pax_paths_name_members_and_huge_ones_are_refused() {
+        let index = |tar: Vec<u8>| {
+            let len = tar.len() as u64;
+            let mut set = ShardSet::default();
+            let skip = WebDatasetOptions {
+                shard: ShardOptions { skip_damaged: true },
+                ..WebDatasetOptions::default()
+            };
+            let r = index_shard(
+                Path::new("s.tar"),
+                std::io::Cursor::new(tar),
+                len,
+                &skip,
+                &mut set,
+            );
+            (r, set.damage)
+        };
+        let regular = tar::EntryType::Regular;
+        let long = "k".repeat(300);
+        let good_members = |b: &mut tar::Builder<Vec<u8>>| {
+            // PAX paths name the members; their headers' names are ignored.
+            for (name, data) in [("pax/one.png", &b"img"[..]), ("pax/one.cls", b"4")] {
+                let pax = pax_record("path", name);
+                raw_member(b, tar::EntryType::XHeader, "PaxHeader/x", &pax);
+                raw_member(b, regular, "ignored.bin", data);
+            }
+            // A 300-byte key: the tar crate writes GNU long-name members.
+            for (ext, data) in [("png", &b"img2"[..]), ("cls", b"3")] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                b.append_data(&mut h, format!("{long}.{ext}"), data)
+                    .unwrap();
+            }
+        };
+        let mut b = tar::Builder::new(Vec::new());
+        good_members(&mut b);
+        let (samples, damage) = index(b.into_inner().unwrap());
+        let samples = samples.unwrap();
+        let got: Vec<_> = samples
+            .iter()
+            .map(|s| (s.key.as_str(), s.label, s.len))
+            .collect();
+        assert_eq!(got, [("pax/one", 4, 3), (long.as_str(), 3, 4)]);
+        assert!(damage.is_empty());
+
+        // A long-name member of 1 MiB (the tar crate would read it whole):
+        // refused by its header, before a byte of it is read.
+        let mut b = tar::Builder::new(Vec::new());
+        raw_member(
+            &mut b,
+            tar::EntryType::GNULongName,
+            "././@LongLink",
+            &vec![b'a'; 1 << 20],
+        );
+        raw_member(&mut b, regular, "x.png", b"img");
+        let (r, _) = index(b.into_inner().unwrap());
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("over the 64 KiB limit") && e.contains("s.tar"),
+            "{e}"
+        );
+
+        // A PAX size the header disagrees with: damage where it is.
+        let mut b = tar::Builder::new(Vec::new());
+        good_members(&mut b);
+        let pax = pax_record("size", "999");
+        raw_member(&mut b, tar::EntryType::XHeader, "PaxHeader/y", &pax);
+        raw_member(&mut b, regular, "late.png", b"img");
+        let (r, damage) = index(b.into_inner().unwrap());
+        assert_eq!(r.unwrap().len(), 2, "the samples before it are kept");
+        assert!(damage[0].reason.contains("PAX size"), "{damage:?}");
     }
 
     #[test]
