@@ -1201,9 +1201,9 @@ fn feed(
                 break;
             }
             let n = plan.batches[index].len();
-            let slots = match RawSlot::all(&mut buf, n, shared.transform.slot_len()) {
-                Ok(slots) => slots,
-                Err(e) => {
+            let table = match SlotTable::new(buf, n, shared.transform.slot_len()) {
+                Ok(table) => table,
+                Err((buf, e)) => {
                     shared.pool.release(Some(buf));
                     fail(index, e);
                     dispatched += 1;
@@ -1217,7 +1217,7 @@ fn feed(
                 (epoch, gen),
                 cancel.clone(),
                 done.clone(),
-                (buf, slots),
+                table,
                 pre,
             ));
             shared.counters.batch_started();
@@ -1425,48 +1425,120 @@ fn process(
     }
 }
 
-/// A pointer to one sample's slot in a batch buffer being filled.
+/// A batch buffer being filled by several jobs at once, and the one owner
+/// of raw pointers into it: each sample's slot goes to exactly one claimant
+/// ([`claim`](Self::claim)), a slot's borrow ends before the claim is
+/// released, and the buffer comes back ([`take_buf`](Self::take_buf)) only
+/// once every slot has been released. So no two slices alias and none
+/// outlives the buffer, whatever the threads do.
+struct SlotTable {
+    /// The buffer the slots point into, until taken.
+    buf: Mutex<Option<HostBuf>>,
+    slots: Vec<RawSlot>,
+    /// The next slot to hand out.
+    next: AtomicUsize,
+    /// Slots not yet released.
+    left: AtomicUsize,
+}
+
+/// A pointer to one sample's slot (only a [`SlotTable`] holds them).
 enum RawSlot {
     U8(*mut u8, usize),
     F32(*mut f32, usize),
 }
 
-// SAFETY: a `RawSlot` points into the buffer of the `Filling` that holds
-// it, which outlives every job using it, and `Filling::run` hands each slot
-// to exactly one job; moving or sharing the pointer between threads creates
-// no shared mutable access.
-unsafe impl Send for RawSlot {}
-// SAFETY: as for `Send`; `&RawSlot` only gives out the pointer.
-unsafe impl Sync for RawSlot {}
+// SAFETY: the pointers point into `buf`'s heap memory, which the table owns
+// and gives back only once every slot is released (`take_buf`), and `claim`
+// hands each slot to one claimant, whose slice borrow ends before its
+// release; sending or sharing the table so creates no shared mutable access.
+unsafe impl Send for SlotTable {}
+// SAFETY: as for `Send`: through `&SlotTable` a slot is reached only by its
+// one claimant.
+unsafe impl Sync for SlotTable {}
 
-impl RawSlot {
-    /// The first `n` slots of `buf`.
-    fn all(buf: &mut HostBuf, n: usize, slot_len: usize) -> Result<Vec<Self>> {
-        Ok(buf.slots(n, slot_len)?.into_iter().map(Self::new).collect())
+/// Slot [`index`](Self::index) of a [`SlotTable`], this claimant's alone
+/// until [`release`](Self::release)d. A claim dropped unreleased keeps its
+/// buffer from being taken back (the batch never completes): the loader
+/// catches every panic inside a claim, so it always releases.
+struct Claimed<'a> {
+    table: &'a SlotTable,
+    index: usize,
+}
+
+impl SlotTable {
+    /// The first `n` slots of `slot_len` elements of `buf`; the buffer
+    /// back with the error if it has no room for them.
+    fn new(mut buf: HostBuf, n: usize, slot_len: usize) -> Result<Self, (HostBuf, Error)> {
+        let slots = match buf.slots(n, slot_len) {
+            Ok(slots) => slots
+                .into_iter()
+                .map(|slot| match slot {
+                    Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
+                    Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
+                })
+                .collect(),
+            Err(e) => return Err((buf, e)),
+        };
+        // The slots point into the buffer's heap memory, which moving the
+        // `HostBuf` value into the mutex does not move.
+        Ok(Self {
+            buf: Mutex::new(Some(buf)),
+            slots,
+            next: AtomicUsize::new(0),
+            left: AtomicUsize::new(n),
+        })
     }
 
-    fn new(slot: Slot<'_>) -> Self {
-        match slot {
-            Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
-            Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The next slot nobody has claimed, in order; `None` once all are.
+    fn claim(&self) -> Option<Claimed<'_>> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        (index < self.slots.len()).then_some(Claimed { table: self, index })
+    }
+
+    /// The buffer, once every slot has been released (`None` before, and
+    /// after it was taken).
+    fn take_buf(&self) -> Option<HostBuf> {
+        // Acquire: pairs with each release's AcqRel, so every slot's writes
+        // happen before the buffer is read.
+        if self.left.load(Ordering::Acquire) != 0 {
+            return None;
         }
+        crate::lock(&self.buf).take()
+    }
+}
+
+impl Claimed<'_> {
+    /// Which slot (the sample's position in the batch).
+    fn index(&self) -> usize {
+        self.index
     }
 
-    /// The slot again.
-    ///
-    /// # Safety
-    /// The buffer must still be alive and unmoved, and the caller must be
-    /// the slot's only user for `'a`.
-    unsafe fn slot<'a>(&self) -> Slot<'a> {
-        // SAFETY: the pointer and length came from a live `&mut` slice of
-        // that buffer (`new`), which the caller guarantees is still alive,
-        // unmoved and unaliased for `'a`.
+    /// The slot to write; borrowed from the claim, so it ends before the
+    /// claim is released.
+    fn slot(&mut self) -> Slot<'_> {
+        // SAFETY: `claim` handed `index` to this claim only (`next` gives
+        // each index once), so no other slice of this slot exists; the
+        // buffer is alive and unmoved in `table.buf`, since `take_buf` gives
+        // it out only once `left` is 0, which needs this claim's release,
+        // and the slice's borrow of `self` ends before `release` can run.
         unsafe {
-            match *self {
+            match self.table.slots[self.index] {
                 RawSlot::U8(p, n) => Slot::U8(std::slice::from_raw_parts_mut(p, n)),
                 RawSlot::F32(p, n) => Slot::F32(std::slice::from_raw_parts_mut(p, n)),
             }
         }
+    }
+
+    /// Gives the slot back; `true` for the last one, after which
+    /// [`SlotTable::take_buf`] returns the buffer.
+    fn release(self) -> bool {
+        // AcqRel: this slot's writes happen before the last release's
+        // reader takes the buffer.
+        self.table.left.fetch_sub(1, Ordering::AcqRel) == 1
     }
 }
 
@@ -1485,21 +1557,16 @@ struct Filling {
     gen: u64,
     cancel: Arc<AtomicBool>,
     done: Sender<Msg>,
-    /// The buffer the slots point into; taken by `finish`.
-    buf: Mutex<Option<HostBuf>>,
-    slots: Vec<RawSlot>,
+    /// The batch buffer and its samples' slots; the buffer is taken by
+    /// `finish`.
+    table: SlotTable,
     pre: Vec<Mutex<PreRead>>,
     outcomes: Vec<Mutex<Option<Outcome>>>,
-    /// The next sample to claim.
-    next: AtomicUsize,
-    /// Samples not yet completed.
-    left: AtomicUsize,
 }
 
 impl Filling {
-    /// Batch `index` of `plan` into `buf`, whose first slots are `slots`
-    /// (from [`RawSlot::all`]), with the records `pre` read ahead (stream
-    /// mode; `None` for random access).
+    /// Batch `index` of `plan` into the slots of `table`, with the records
+    /// `pre` read ahead (stream mode; `None` for random access).
     #[allow(clippy::too_many_arguments)]
     fn new(
         shared: Arc<Shared>,
@@ -1508,10 +1575,10 @@ impl Filling {
         (epoch, gen): (u64, u64),
         cancel: Arc<AtomicBool>,
         done: Sender<Msg>,
-        (buf, slots): (HostBuf, Vec<RawSlot>),
+        table: SlotTable,
         mut pre: Vec<PreRead>,
     ) -> Self {
-        let n = slots.len();
+        let n = table.len();
         pre.resize_with(n, || None);
         Self {
             shared,
@@ -1521,14 +1588,9 @@ impl Filling {
             gen,
             cancel,
             done,
-            // The slots point into the buffer's heap memory, which moving
-            // the `HostBuf` value does not move.
-            buf: Mutex::new(Some(buf)),
-            slots,
+            table,
             pre: pre.into_iter().map(Mutex::new).collect(),
             outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
-            next: AtomicUsize::new(0),
-            left: AtomicUsize::new(n),
         }
     }
 
@@ -1539,22 +1601,16 @@ impl Filling {
     /// Claims and processes samples until none are left to claim.
     fn run(&self) {
         let indices = self.indices();
-        loop {
-            let j = self.next.fetch_add(1, Ordering::Relaxed);
-            if j >= indices.len() {
-                return;
-            }
+        while let Some(mut claim) = self.table.claim() {
+            let j = claim.index();
             let pre = crate::lock(&self.pre[j]).take();
-            // SAFETY: `next` hands out each `j` once, so this job is slot
-            // `j`'s only user; the buffer stays in `self.buf` until `finish`
-            // takes it, which happens only after every sample, this one
-            // included, has completed (`left`).
-            let slot = unsafe { self.slots[j].slot() };
             let shared = &self.shared;
             // `process` catches the sample's own panics; this catches the
-            // rest, so `left` always reaches 0 (an unwind out of a rayon job
-            // would abort the process: the pool has no panic handler).
+            // rest, so every claim is released and the batch completes (an
+            // unwind out of a rayon job would abort the process: the pool
+            // has no panic handler).
             let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let slot = claim.slot();
                 process(shared, self.epoch, indices[j], slot, &self.cancel, pre)
             }))
             .unwrap_or_else(|payload| Outcome::Failed {
@@ -1565,8 +1621,7 @@ impl Filling {
                 },
             });
             *crate::lock(&self.outcomes[j]) = Some(outcome);
-            // AcqRel: every slot's writes happen before `finish` reads.
-            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if claim.release() {
                 self.complete();
             }
         }
@@ -1595,9 +1650,10 @@ impl Filling {
         let (shared, index) = (&*self.shared, self.index);
         let indices = self.indices();
         let slot_len = shared.transform.slot_len();
-        let buf = crate::lock(&self.buf)
-            .take()
-            .expect("a batch finishes once");
+        let buf = self
+            .table
+            .take_buf()
+            .expect("a batch finishes once, after its last sample");
         if self.cancel.load(Ordering::Relaxed) {
             shared.pool.release(Some(buf));
             return Filled {
@@ -1831,6 +1887,43 @@ fn flush(shared: &Shared, r: &mut Running) {
 mod tests {
     use super::*;
     use crate::source::MemorySource;
+
+    /// Three threads fill a table: each slot goes to one of them, the
+    /// buffer comes back only after the last release (to the one thread
+    /// told it was last), with every slot's writes in it.
+    #[test]
+    fn a_slot_table_hands_each_slot_out_once_and_the_buffer_back_last() {
+        for round in 0..50 {
+            let table = SlotTable::new(HostBuf::U8(vec![0; 8 * 3]), 8, 3).unwrap();
+            let go = std::sync::Barrier::new(3);
+            let lasts = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..3 {
+                    s.spawn(|| {
+                        go.wait();
+                        while let Some(mut claim) = table.claim() {
+                            let j = claim.index();
+                            match claim.slot() {
+                                Slot::U8(px) => px.fill(j as u8 + 1),
+                                Slot::F32(_) => unreachable!(),
+                            }
+                            assert!(table.take_buf().is_none(), "a claim is still held");
+                            if claim.release() {
+                                lasts.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(lasts.load(Ordering::Relaxed), 1, "round {round}");
+            let Some(HostBuf::U8(px)) = table.take_buf() else {
+                panic!("round {round}: the buffer comes back once every slot is released")
+            };
+            let want: Vec<u8> = (1..=8).flat_map(|j| [j; 3]).collect();
+            assert_eq!(px, want, "round {round}");
+            assert!(table.take_buf().is_none(), "taken once");
+        }
+    }
 
     /// The uploader's protocol, message by message: batches are handed over
     /// in index order whatever order they finish in, a cancelled batch
