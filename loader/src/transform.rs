@@ -156,6 +156,8 @@ pub(crate) struct Scratch {
     read: Vec<u8>,
     /// The bytes this scratch held when last counted by its pool.
     counted: u64,
+    /// The thread that last used it: its buffers are in that core's cache.
+    last_thread: Option<std::thread::ThreadId>,
 }
 
 /// Read buffers above this size are not kept: one huge file must not pin
@@ -248,7 +250,11 @@ impl ScratchPool {
     pub(crate) fn take(&self, keep: usize) -> PooledScratch<'_> {
         let scratch = {
             let mut free = crate::lock(&self.free);
-            match free.0.pop() {
+            // The set this thread used last, if free: its buffers are warm
+            // in this core's cache.
+            let me = Some(std::thread::current().id());
+            let mine = free.0.iter().rposition(|s| s.last_thread == me);
+            match mine.map(|i| free.0.swap_remove(i)).or_else(|| free.0.pop()) {
                 Some(s) => s,
                 None => {
                     free.1 += 1;
@@ -276,6 +282,7 @@ impl ScratchPool {
         self.held.fetch_sub(s.counted, Relaxed);
         self.largest.fetch_max(bytes, Relaxed);
         s.counted = bytes;
+        s.last_thread = Some(std::thread::current().id());
         free.0.push(s);
     }
 
