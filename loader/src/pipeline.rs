@@ -1203,7 +1203,8 @@ fn feed(
             let n = plan.batches[index].len();
             let table = match SlotTable::new(buf, n, shared.transform.slot_len()) {
                 Ok(table) => table,
-                Err((buf, e)) => {
+                Err(failed) => {
+                    let (buf, e) = *failed;
                     shared.pool.release(Some(buf));
                     fail(index, e);
                     dispatched += 1;
@@ -1467,8 +1468,9 @@ struct Claimed<'a> {
 
 impl SlotTable {
     /// The first `n` slots of `slot_len` elements of `buf`; the buffer
-    /// back with the error if it has no room for them.
-    fn new(mut buf: HostBuf, n: usize, slot_len: usize) -> Result<Self, (HostBuf, Error)> {
+    /// back with the error if they cannot be had (boxed: a rare path, and
+    /// a pinned buffer is large).
+    fn new(mut buf: HostBuf, n: usize, slot_len: usize) -> Result<Self, Box<(HostBuf, Error)>> {
         let slots = match buf.slots(n, slot_len) {
             Ok(slots) => slots
                 .into_iter()
@@ -1477,7 +1479,7 @@ impl SlotTable {
                     Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
                 })
                 .collect(),
-            Err(e) => return Err((buf, e)),
+            Err(e) => return Err(Box::new((buf, e))),
         };
         // The slots point into the buffer's heap memory, which moving the
         // `HostBuf` value into the mutex does not move.
