@@ -21,6 +21,11 @@ pub(super) struct Plane<'a> {
     /// Image pixels per component sample: 1 or 2.
     pub(super) fx: usize,
     pub(super) fy: usize,
+    /// The component is more than 2 samples wide in the whole image.
+    /// libjpeg upsamples a horizontally subsampled component of at most 2
+    /// samples by replication instead of the triangle filter
+    /// (`jinit_upsampler`: `downsampled_width > 2`), in both axes.
+    pub(super) fancy: bool,
 }
 
 impl Plane<'_> {
@@ -44,6 +49,14 @@ impl Plane<'_> {
         if self.fx == 1 && self.fy == 1 {
             let start = x - self.x0;
             out.copy_from_slice(&self.row(cy)[start..start + out.len()]);
+            return;
+        }
+        if self.fx == 2 && !self.fancy {
+            // libjpeg's h2v1_upsample / h2v2_upsample: each sample repeated.
+            let row = self.row(cy);
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = row[(x + i) / 2 - self.x0];
+            }
             return;
         }
         // Column sums over the component columns the row needs, one
@@ -83,10 +96,12 @@ impl Plane<'_> {
         if n > 1 {
             wide[1] = px(sums[0], sums[1], odd);
             wide[2 * n - 2] = px(sums[n - 1], sums[n - 2], even);
-        }
-        for (pair, w) in wide[2..2 * n - 2].chunks_exact_mut(2).zip(sums.windows(3)) {
-            pair[0] = px(w[1], w[0], even);
-            pair[1] = px(w[1], w[2], odd);
+            // The columns between the edges (none for n = 2; with n = 1,
+            // a one-sample row, both outputs are the edge's, set above).
+            for (pair, w) in wide[2..2 * n - 2].chunks_exact_mut(2).zip(sums.windows(3)) {
+                pair[0] = px(w[1], w[0], even);
+                pair[1] = px(w[1], w[2], odd);
+            }
         }
         let start = x - 2 * first;
         out.copy_from_slice(&wide[start..start + out.len()]);
@@ -162,6 +177,7 @@ mod tests {
             y_end: 1,
             fx: 2,
             fy: 1,
+            fancy: true,
         };
         let mut out = [0u8; 6];
         p.upsample_row(0, 0, &mut out, &mut Vec::new(), &mut Vec::new());
@@ -170,6 +186,35 @@ mod tests {
         let mut part = [0u8; 3];
         p.upsample_row(0, 2, &mut part, &mut Vec::new(), &mut Vec::new());
         assert_eq!(part, [40, 60, 80]);
+    }
+
+    #[test]
+    fn components_at_most_two_samples_wide_are_replicated_as_libjpeg_does() {
+        // A 3 or 4 pixel wide 4:2:0 image: 2 chroma samples per row.
+        let samples = [0u8, 160, 80, 240];
+        let p = Plane {
+            samples: &samples,
+            stride: 2,
+            x0: 0,
+            y0: 0,
+            x_end: 2,
+            y_end: 2,
+            fx: 2,
+            fy: 2,
+            fancy: false,
+        };
+        let mut out = [0u8; 4];
+        let (mut sums, mut wide) = (Vec::new(), Vec::new());
+        for (y, want) in [[0, 0, 160, 160], [0, 0, 160, 160], [80, 80, 240, 240]]
+            .iter()
+            .enumerate()
+        {
+            p.upsample_row(y, 0, &mut out, &mut sums, &mut wide);
+            assert_eq!(&out, want, "row {y}");
+        }
+        let mut one = [0u8; 1];
+        p.upsample_row(3, 3, &mut one, &mut sums, &mut wide);
+        assert_eq!(one, [240]);
     }
 
     #[test]
@@ -184,6 +229,8 @@ mod tests {
             y_end: 2,
             fx: 2,
             fy: 2,
+            // A window of a wider component: the triangle filter.
+            fancy: true,
         };
         let mut out = [0u8; 4];
         let (mut sums, mut wide) = (Vec::new(), Vec::new());

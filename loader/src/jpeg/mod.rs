@@ -423,6 +423,7 @@ fn colour(h: &Header, g: &Geometry, win: Window, s: &mut Scratch, out: &mut Vec<
             y_end: (y0 + ph).min((h.height * c.v).div_ceil(h.vmax)),
             fx: h.hmax / c.h,
             fy: h.vmax / c.v,
+            fancy: (h.width * c.h).div_ceil(h.hmax) > 2,
         }
     });
     for row in s.rows.iter_mut() {
@@ -496,6 +497,78 @@ mod tests {
             }
         }
         (max, sum as f64 / (win.width() * win.height() * 3) as f64)
+    }
+
+    /// Every size from 1 to 17 pixels in each axis, for each chroma
+    /// subsampling wick decodes (4:4:4, 4:2:2, 4:4:0, 4:2:0), baseline and
+    /// progressive: decoded, not declined or panicking (1x1 and 2x1 4:2:0
+    /// panicked in the upsampler), and with libjpeg's pixels, which PIL and
+    /// torchvision give: within 3 levels of libjpeg-turbo (with the
+    /// `turbojpeg` feature, as CI runs it). A component at most 2 samples
+    /// wide is replicated, as libjpeg does (it was triangle-filtered: up to
+    /// 60 levels off). zune-jpeg upsamples such tiny images otherwise (up
+    /// to 60 levels from libjpeg), so it is the reference only for 4:4:4.
+    #[test]
+    fn tiny_images_of_every_size_and_subsampling_decode_as_libjpeg() {
+        use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+        let mut worst = (0u8, String::new());
+        for sampling in [
+            SamplingFactor::F_1_1,
+            SamplingFactor::F_2_1,
+            SamplingFactor::F_1_2,
+            SamplingFactor::F_2_2,
+        ] {
+            for progressive in [false, true] {
+                for (w, h) in (1..=17).flat_map(|w| (1..=17).map(move |h| (w, h))) {
+                    let rgb = photo(w, h);
+                    let mut jpeg = Vec::new();
+                    let mut enc = Encoder::new(&mut jpeg, 90);
+                    enc.set_sampling_factor(sampling);
+                    enc.set_progressive(progressive);
+                    enc.encode(&rgb, w as u16, h as u16, ColorType::Rgb)
+                        .unwrap();
+                    let label = format!("{w}x{h} {sampling:?} progressive {progressive}");
+                    let got = std::panic::catch_unwind(|| {
+                        let mut out = Vec::new();
+                        let win = |_, _| full(w, h);
+                        (
+                            decode_window(&jpeg, &mut Scratch::default(), &mut out, win),
+                            out,
+                        )
+                    });
+                    let (got, ours) = got.unwrap_or_else(|_| panic!("{label}: panicked"));
+                    assert_eq!(got, Some(full(w, h)), "{label}: declined");
+                    assert!(ours.len() >= w * h * 3, "{label}");
+                    let mut max = 0;
+                    if matches!(sampling, SamplingFactor::F_1_1) {
+                        max = against_zune(&jpeg, full(w, h)).0;
+                    }
+                    #[cfg(feature = "turbojpeg")]
+                    {
+                        let mut turbo = Vec::new();
+                        let crop = crate::resize::Crop {
+                            left: 0.0,
+                            top: 0.0,
+                            width: w as f64,
+                            height: h as f64,
+                        };
+                        let all = |_, _| (crop, false);
+                        let r = crate::decode_turbo::decode_region(&jpeg, &mut turbo, (w, h), all);
+                        assert_eq!(r.map(|r| (r.width, r.height)), Some((w, h)), "{label}");
+                        let n = w * h * 3;
+                        let d = ours[..n]
+                            .iter()
+                            .zip(&turbo[..n])
+                            .map(|(a, b)| a.abs_diff(*b));
+                        max = max.max(d.max().unwrap());
+                    }
+                    if max > worst.0 {
+                        worst = (max, label);
+                    }
+                }
+            }
+        }
+        assert!(worst.0 <= 3, "worst against the reference: {worst:?}");
     }
 
     #[test]
