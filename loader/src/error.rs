@@ -6,7 +6,8 @@ use std::path::PathBuf;
 ///
 /// Each variant carries what a user needs to act on it: the file, the
 /// record key, the line of a file list. The underlying cause is kept as the
-/// error's `source()`.
+/// error's `source()` and shown in its message too, so whatever prints an
+/// error (a `Skipped`, an `Err` batch, the CLI) shows why.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -35,7 +36,7 @@ pub enum Error {
     },
 
     /// An I/O error while listing or reading a dataset path.
-    #[error("cannot read {path:?}")]
+    #[error("cannot read {path:?}: {source}")]
     Io {
         /// The file or folder that could not be read.
         path: PathBuf,
@@ -65,7 +66,7 @@ pub enum Error {
     },
 
     /// A sample's bytes are not a decodable image.
-    #[error("decode failed for {key:?}")]
+    #[error("decode failed for {key:?}: {source}")]
     Decode {
         /// The sample's key (its path for file-backed sources).
         key: String,
@@ -103,7 +104,7 @@ pub enum Error {
     },
 
     /// A loader thread could not be started.
-    #[error("cannot start loader thread {name}")]
+    #[error("cannot start loader thread {name}: {source}")]
     Spawn {
         /// The thread's name.
         name: String,
@@ -113,7 +114,7 @@ pub enum Error {
     },
 
     /// The decode thread pool could not be built.
-    #[error("cannot start the decode thread pool")]
+    #[error("cannot start the decode thread pool: {0}")]
     ThreadPool(#[source] rayon::ThreadPoolBuildError),
 
     /// A loader thread stopped before the epoch was complete. This is a bug
@@ -127,7 +128,7 @@ pub enum Error {
     },
 
     /// Creating the device tensor of a batch failed.
-    #[error("cannot create batch tensor on the device")]
+    #[error("cannot create batch tensor on the device: {0}")]
     Candle(#[from] candle_core::Error),
 }
 
@@ -154,9 +155,34 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s += ": ";
-        s += &c.to_string();
+        // wick's errors show their cause already; others may not.
+        let cause = c.to_string();
+        if !s.ends_with(&cause) {
+            s += ": ";
+            s += &cause;
+        }
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_show_their_cause_once() {
+        let e = Error::Io {
+            path: "a.jpg".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "No such file"),
+        };
+        assert_eq!(e.to_string(), "cannot read \"a.jpg\": No such file");
+        assert_eq!(error_chain(&e), e.to_string());
+        let e = Error::Decode {
+            key: "x.bmp".into(),
+            source: Box::new(image::ImageError::IoError(std::io::Error::other("cut short"))),
+        };
+        assert!(e.to_string().ends_with(": cut short"), "{e}");
+        assert_eq!(error_chain(&e).matches("cut short").count(), 1, "{}", error_chain(&e));
+    }
 }
