@@ -180,9 +180,16 @@ mod tests {
         assert_eq!(error_chain(&e), e.to_string());
         let e = Error::Decode {
             key: "x.bmp".into(),
-            source: Box::new(image::ImageError::IoError(std::io::Error::other("cut short"))),
+            source: Box::new(image::ImageError::IoError(std::io::Error::other(
+                "cut short",
+            ))),
         };
         assert!(e.to_string().ends_with(": cut short"), "{e}");
-        assert_eq!(error_chain(&e).matches("cut short").count(), 1, "{}", error_chain(&e));
+        assert_eq!(
+            error_chain(&e).matches("cut short").count(),
+            1,
+            "{}",
+            error_chain(&e)
+        );
     }
 }

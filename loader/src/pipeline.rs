@@ -20,7 +20,7 @@ use crate::sampler::{Plan, Sampler};
 use crate::source::{Record, Source};
 use crate::stats::{Counters, Stats};
 use crate::stream::{Interleave, StreamPlanner, Streamed};
-use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_UPLOAD};
+use crate::trace::{Trace, LANE_CONSUMER, LANE_DECODE, LANE_FEED, LANE_UPLOAD};
 use crate::transform::{ImageTransform, Output, Slot, Transforms};
 use candle_core::{DType, Device, Tensor};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -1168,11 +1168,18 @@ fn feed(
             if cancel.load(Ordering::Relaxed) {
                 break;
             }
+            let t = Instant::now();
             let pre = match (&mut stream, std::mem::replace(&mut skipped, Ok(()))) {
                 (_, Err(e)) => Err(e),
-                (Some(stream), Ok(())) => caught(format!("batch {index} (streamed)"), || {
-                    read_batch(&plan, index, &mut stream.0, &cancel)
-                }),
+                (Some(stream), Ok(())) => {
+                    let read = caught(format!("batch {index} (streamed)"), || {
+                        read_batch(&plan, index, &mut stream.0, &cancel)
+                    });
+                    if let Some(trace) = &shared.trace {
+                        trace.record("read batch (stream)", LANE_FEED, t, Instant::now());
+                    }
+                    read
+                }
                 (None, Ok(())) => Ok(Some(Vec::new())),
             };
             let pre = match pre {
@@ -1184,7 +1191,12 @@ fn feed(
                     break;
                 }
             };
-            let mut buf = match shared.pool.acquire(&cancel) {
+            let t = Instant::now();
+            let acquired = shared.pool.acquire(&cancel);
+            if let Some(trace) = &shared.trace {
+                trace.record("wait for a batch buffer", LANE_FEED, t, Instant::now());
+            }
+            let mut buf = match acquired {
                 None => break,
                 Some(Ok(buf)) => buf,
                 Some(Err(e)) => {

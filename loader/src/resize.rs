@@ -376,6 +376,10 @@ mod avx2 {
     ///
     /// Needs `axis.taps` from [`super::group_taps`] and the window at least
     /// `axis.taps` wide (so every tap lies inside the row).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (the caller checks it at run time), and the
+    /// two conditions above must hold.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn horizontal_rows(
         src: &View<'_>,
@@ -398,6 +402,9 @@ mod avx2 {
 
     /// [`horizontal_rows`] with `G` groups of `K` taps (`G` 0: `axis.taps /
     /// K`, read at run time).
+    ///
+    /// # Safety
+    /// As [`horizontal_rows`].
     #[target_feature(enable = "avx2")]
     unsafe fn rows<const K: usize, const G: usize>(
         src: &View<'_>,
@@ -519,7 +526,10 @@ mod avx2 {
     impl Kernel {
         /// The sums of output pixel `d` for the rows at byte offsets `o0 <=
         /// o1` of `rgb` (shifted, one row per 128-bit half), or None when
-        /// its last load would read past `rgb`. Needs AVX2.
+        /// its last load would read past `rgb`.
+        ///
+        /// # Safety
+        /// The CPU must have AVX2; the loads are checked against `rgb`.
         #[inline(always)]
         unsafe fn sum<const K: usize, const G: usize>(
             &self,
@@ -571,6 +581,10 @@ mod avx2 {
     /// [`super::vertical_row`] 32 bytes at a time: the taps in pairs, each
     /// pair's two rows interleaved as 16-bit lanes and weighed by one
     /// multiply-add; the unpacks' lane order is undone by the packs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (the caller checks it at run time). The
+    /// buffer bounds are asserted.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn vertical_row(
         rows: &[u8],
@@ -580,6 +594,7 @@ mod avx2 {
         y: usize,
         out: &mut [u8],
     ) {
+        assert_eq!(out.len(), line, "one output row");
         let start = axis.start[y] - first;
         let weights = axis.weights(y);
         // The rows with a non-zero weight: (row offset, weight); a lone

@@ -229,25 +229,23 @@ impl Counters {
     }
 
     pub(crate) fn epoch_started(&self) {
-        if let Ok(mut c) = self.clock.lock() {
-            c.running_since = Some(Instant::now());
-        }
+        crate::lock(&self.clock).running_since = Some(Instant::now());
     }
 
     pub(crate) fn epoch_ended(&self) {
-        if let Ok(mut c) = self.clock.lock() {
-            if let Some(t) = c.running_since.take() {
-                c.finished += t.elapsed();
-            }
+        let mut c = crate::lock(&self.clock);
+        if let Some(t) = c.running_since.take() {
+            c.finished += t.elapsed();
         }
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
         let (cache_errors, cache_error) = crate::lock(&self.cache_errors).clone();
         let samples = self.samples.load(Relaxed);
-        let wall = self.clock.lock().map_or(Duration::ZERO, |c| {
+        let wall = {
+            let c = crate::lock(&self.clock);
             c.finished + c.running_since.map_or(Duration::ZERO, |t| t.elapsed())
-        });
+        };
         let per_sample = |ns: &AtomicU64| {
             Duration::from_nanos(ns.load(Relaxed).checked_div(samples).unwrap_or(0))
         };

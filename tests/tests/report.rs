@@ -88,12 +88,15 @@ fn chrome_trace_has_every_lane() {
     assert_eq!(count("upload"), 2);
     assert_eq!(count("wait for batch"), 2);
     assert_eq!(count("train step"), 2);
+    // The feeder's waits for a batch buffer, one per batch (its lane was
+    // named but never drawn).
+    assert_eq!(count("wait for a batch buffer"), 2);
     let lanes: Vec<&str> = events
         .iter()
         .filter(|e| e["ph"] == "M")
         .map(|e| e["args"]["name"].as_str().unwrap())
         .collect();
-    for lane in ["wick-upload", "training loop", "wick-decode-0"] {
+    for lane in ["wick-feed", "wick-upload", "training loop", "wick-decode-0"] {
         assert!(lanes.contains(&lane), "{lanes:?}");
     }
 }

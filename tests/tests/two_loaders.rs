@@ -36,5 +36,9 @@ fn each_loader_counts_its_own_decode_scratch() {
     // 800x800 RGB is 1.9 MB decoded; 20x20 is 1.2 KB.
     assert!(t.decode_scratch_bytes > 1_900_000, "{}", t.report());
     assert!(v.decode_scratch_bytes < 200_000, "{}", v.report());
-    assert!(v.memory_peak < 1_000_000, "val's memory is its own: {}", v.report());
+    assert!(
+        v.memory_peak < 1_000_000,
+        "val's memory is its own: {}",
+        v.report()
+    );
 }

@@ -124,7 +124,8 @@ struct BenchArgs {
     /// CPU is free) or `spin` (a CPU step: one core busy).
     #[arg(long, value_enum, default_value_t = StepKind::Sleep)]
     step_kind: StepKind,
-    /// RAM budget in MB (default: a quarter of the available memory).
+    /// RAM budget in MB of 10^6 bytes, the unit the reports print (default:
+    /// a quarter of the available memory).
     #[arg(long)]
     ram_budget_mb: Option<u64>,
     /// Cache samples in memory after the first epoch.
@@ -301,7 +302,7 @@ fn bench_with(
         builder = builder.shuffle_buffer(n);
     }
     if let Some(mb) = a.ram_budget_mb {
-        builder = builder.ram_budget(mb << 20);
+        builder = builder.ram_budget(mb.saturating_mul(1_000_000));
     }
     if let Some(c) = a.cache {
         builder = builder.cache(match c {
