@@ -46,11 +46,16 @@ fn verdict_follows_who_waits() {
     );
     assert!(s.consumer_wait_share > 0.05 && s.consumer_wait_p50 > Duration::ZERO);
 
-    // A 25 ms step is far slower than decoding four small images.
+    // A 40 ms step is far slower than decoding four small images (well
+    // under a millisecond): over 18 batches the loader keeps ahead. A
+    // scheduling stall on a busy 2-core machine can leave the queue empty
+    // once or twice, so the assertion is a share, not "never".
     let mut slow = loader(dir.path(), false);
-    for b in slow.epoch(0) {
-        b.unwrap();
-        std::thread::sleep(Duration::from_millis(25));
+    for epoch in 0..3 {
+        for b in slow.epoch(epoch) {
+            b.unwrap();
+            std::thread::sleep(Duration::from_millis(40));
+        }
     }
     let s = slow.stats();
     assert!(
@@ -58,7 +63,8 @@ fn verdict_follows_who_waits() {
         "{}",
         s.report()
     );
-    assert_eq!(s.empty_queue_batches, 0, "{}", s.report());
+    assert_eq!(s.batches, 18);
+    assert!(s.empty_queue_batches * 5 <= s.batches, "{}", s.report());
     assert!(s.report().contains("not input-bound"));
 }
 
