@@ -163,22 +163,32 @@ pub(super) fn gray_to_rgb(y: &[u8], out: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// A whole `width x height` component subsampled by `(fx, fy)`.
+    fn plane(
+        samples: &[u8],
+        (width, height): (usize, usize),
+        (fx, fy): (usize, usize),
+        fancy: bool,
+    ) -> Plane<'_> {
+        Plane {
+            samples,
+            stride: width,
+            x0: 0,
+            y0: 0,
+            x_end: width,
+            y_end: height,
+            fx,
+            fy,
+            fancy,
+        }
+    }
+
     #[test]
     fn h2v1_matches_libjpeg() {
         // libjpeg h2v1_fancy_upsample on [10, 50, 90]:
         // 10, (30+50+2)/4=20... edges repeat.
         let samples = [10u8, 50, 90];
-        let p = Plane {
-            samples: &samples,
-            stride: 3,
-            x0: 0,
-            y0: 0,
-            x_end: 3,
-            y_end: 1,
-            fx: 2,
-            fy: 1,
-            fancy: true,
-        };
+        let p = plane(&samples, (3, 1), (2, 1), true);
         let mut out = [0u8; 6];
         p.upsample_row(0, 0, &mut out, &mut Vec::new(), &mut Vec::new());
         // even: (3*c + left + 1) / 4, odd: (3*c + right + 2) / 4
@@ -192,17 +202,7 @@ mod tests {
     fn components_at_most_two_samples_wide_are_replicated_as_libjpeg_does() {
         // A 3 or 4 pixel wide 4:2:0 image: 2 chroma samples per row.
         let samples = [0u8, 160, 80, 240];
-        let p = Plane {
-            samples: &samples,
-            stride: 2,
-            x0: 0,
-            y0: 0,
-            x_end: 2,
-            y_end: 2,
-            fx: 2,
-            fy: 2,
-            fancy: false,
-        };
+        let p = plane(&samples, (2, 2), (2, 2), false);
         let mut out = [0u8; 4];
         let (mut sums, mut wide) = (Vec::new(), Vec::new());
         for (y, want) in [[0, 0, 160, 160], [0, 0, 160, 160], [80, 80, 240, 240]]
@@ -220,18 +220,8 @@ mod tests {
     #[test]
     fn h2v2_weighs_the_nearer_row() {
         let samples = [0u8, 0, 160, 160];
-        let p = Plane {
-            samples: &samples,
-            stride: 2,
-            x0: 0,
-            y0: 0,
-            x_end: 2,
-            y_end: 2,
-            fx: 2,
-            fy: 2,
-            // A window of a wider component: the triangle filter.
-            fancy: true,
-        };
+        // As a window of a wider component: the triangle filter.
+        let p = plane(&samples, (2, 2), (2, 2), true);
         let mut out = [0u8; 4];
         let (mut sums, mut wide) = (Vec::new(), Vec::new());
         p.upsample_row(0, 0, &mut out, &mut sums, &mut wide);
