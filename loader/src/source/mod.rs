@@ -224,6 +224,12 @@ pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
     }
 }
 
+impl std::fmt::Debug for dyn Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Source({} samples)", self.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

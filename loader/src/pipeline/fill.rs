@@ -1,0 +1,378 @@
+//! One batch filled by many jobs at once: each sample's slot claimed by one
+//! of them (the pipeline's only unsafe code), the batch compacted and the
+//! bad-sample policy applied when its last sample is done.
+
+use super::epoch::Skipped;
+use super::feed::PreRead;
+use super::worker::process;
+use super::{panic_message, safe_key, Filled, HostBatch, Msg, Shared};
+use crate::error::{Error, Result};
+use crate::pool::HostBuf;
+use crate::sampler::Plan;
+use crate::transform::Slot;
+use crossbeam_channel::Sender;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What to do with a sample that cannot be read or decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BadSamples {
+    /// The batch holding it is an `Err` naming the file (the default).
+    #[default]
+    Fail,
+    /// Leave the sample out: its batch is one shorter, the sample is listed
+    /// in [`Batch::skipped`](crate::Batch::skipped) and counted in [`Stats::skipped`](crate::Stats::skipped).
+    ///
+    /// Every rank still gets the same number of batches (data-parallel
+    /// ranks step together), so a batch whose samples were all bad is
+    /// yielded **empty**: test [`Batch::is_empty`](crate::Batch::is_empty) and skip that step's loss
+    /// (a mean over no samples is NaN, which an all-reduce spreads to every
+    /// rank), but keep stepping in lockstep.
+    Skip,
+}
+
+/// One sample's fate in a batch.
+pub(super) enum Outcome {
+    Ok { key: String, label: u32 },
+    Failed { key: String, error: Error },
+    Cancelled,
+}
+
+/// A batch buffer being filled by several jobs at once, and the one owner
+/// of raw pointers into it: each sample's slot goes to exactly one claimant
+/// ([`claim`](Self::claim)), a slot's borrow ends before the claim is
+/// released, and the buffer comes back ([`take_buf`](Self::take_buf)) only
+/// once every slot has been released. So no two slices alias and none
+/// outlives the buffer, whatever the threads do.
+pub(super) struct SlotTable {
+    /// The buffer the slots point into, until taken.
+    pub(super) buf: Mutex<Option<HostBuf>>,
+    pub(super) slots: Vec<RawSlot>,
+    /// The next slot to hand out.
+    pub(super) next: AtomicUsize,
+    /// Slots not yet released.
+    pub(super) left: AtomicUsize,
+}
+
+/// A pointer to one sample's slot (only a [`SlotTable`] holds them).
+pub(super) enum RawSlot {
+    U8(*mut u8, usize),
+    F32(*mut f32, usize),
+}
+
+// SAFETY: the pointers point into `buf`'s heap memory, which the table owns
+// and gives back only once every slot is released (`take_buf`), and `claim`
+// hands each slot to one claimant, whose slice borrow ends before its
+// release; sending or sharing the table so creates no shared mutable access.
+unsafe impl Send for SlotTable {}
+// SAFETY: as for `Send`: through `&SlotTable` a slot is reached only by its
+// one claimant.
+unsafe impl Sync for SlotTable {}
+
+/// Slot [`index`](Self::index) of a [`SlotTable`], this claimant's alone
+/// until [`release`](Self::release)d. A claim dropped unreleased keeps its
+/// buffer from being taken back (the batch never completes): the loader
+/// catches every panic inside a claim, so it always releases.
+pub(super) struct Claimed<'a> {
+    pub(super) table: &'a SlotTable,
+    pub(super) index: usize,
+}
+
+impl SlotTable {
+    /// The first `n` slots of `slot_len` elements of `buf`; the buffer
+    /// back with the error if they cannot be had (boxed: a rare path, and
+    /// a pinned buffer is large).
+    pub(super) fn new(
+        mut buf: HostBuf,
+        n: usize,
+        slot_len: usize,
+    ) -> Result<Self, Box<(HostBuf, Error)>> {
+        let slots = match buf.slots(n, slot_len) {
+            Ok(slots) => slots
+                .into_iter()
+                .map(|slot| match slot {
+                    Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
+                    Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
+                })
+                .collect(),
+            Err(e) => return Err(Box::new((buf, e))),
+        };
+        // The slots point into the buffer's heap memory, which moving the
+        // `HostBuf` value into the mutex does not move.
+        Ok(Self {
+            buf: Mutex::new(Some(buf)),
+            slots,
+            next: AtomicUsize::new(0),
+            left: AtomicUsize::new(n),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The next slot nobody has claimed, in order; `None` once all are.
+    fn claim(&self) -> Option<Claimed<'_>> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        (index < self.slots.len()).then_some(Claimed { table: self, index })
+    }
+
+    /// The buffer, once every slot has been released (`None` before, and
+    /// after it was taken).
+    fn take_buf(&self) -> Option<HostBuf> {
+        // Acquire: pairs with each release's AcqRel, so every slot's writes
+        // happen before the buffer is read.
+        if self.left.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        crate::lock(&self.buf).take()
+    }
+}
+
+impl Claimed<'_> {
+    /// Which slot (the sample's position in the batch).
+    fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The slot to write; borrowed from the claim, so it ends before the
+    /// claim is released.
+    fn slot(&mut self) -> Slot<'_> {
+        // SAFETY: `claim` handed `index` to this claim only (`next` gives
+        // each index once), so no other slice of this slot exists; the
+        // buffer is alive and unmoved in `table.buf`, since `take_buf` gives
+        // it out only once `left` is 0, which needs this claim's release,
+        // and the slice's borrow of `self` ends before `release` can run.
+        unsafe {
+            match self.table.slots[self.index] {
+                RawSlot::U8(p, n) => Slot::U8(std::slice::from_raw_parts_mut(p, n)),
+                RawSlot::F32(p, n) => Slot::F32(std::slice::from_raw_parts_mut(p, n)),
+            }
+        }
+    }
+
+    /// Gives the slot back; `true` for the last one, after which
+    /// [`SlotTable::take_buf`] returns the buffer.
+    fn release(self) -> bool {
+        // AcqRel: this slot's writes happen before the last release's
+        // reader takes the buffer.
+        self.table.left.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
+
+/// One batch being filled. Its samples are claimed one at a time, in
+/// order, by as many runner jobs as the decode pool has threads, and the job
+/// that completes the last sample hands the batch over. Runners are queued
+/// first-in first-out, so the workers finish a batch before they start the
+/// next, and no job ever blocks waiting for another: a worker never holds
+/// back a finished batch while it helps with a later one (as a nested
+/// `par_iter` waiting for its last sample would).
+pub(super) struct Filling {
+    pub(super) shared: Arc<Shared>,
+    pub(super) plan: Arc<Plan>,
+    pub(super) index: usize,
+    pub(super) epoch: u64,
+    pub(super) gen: u64,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) done: Sender<Msg>,
+    /// The batch buffer and its samples' slots; the buffer is taken by
+    /// `finish`.
+    pub(super) table: SlotTable,
+    pub(super) pre: Vec<Mutex<PreRead>>,
+    pub(super) outcomes: Vec<Mutex<Option<Outcome>>>,
+}
+
+impl Filling {
+    /// Batch `index` of `plan` into the slots of `table`, with the records
+    /// `pre` read ahead (stream mode; `None` for random access).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        plan: Arc<Plan>,
+        index: usize,
+        (epoch, gen): (u64, u64),
+        cancel: Arc<AtomicBool>,
+        done: Sender<Msg>,
+        table: SlotTable,
+        mut pre: Vec<PreRead>,
+    ) -> Self {
+        let n = table.len();
+        pre.resize_with(n, || None);
+        Self {
+            shared,
+            plan,
+            index,
+            epoch,
+            gen,
+            cancel,
+            done,
+            table,
+            pre: pre.into_iter().map(Mutex::new).collect(),
+            outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    fn indices(&self) -> &[usize] {
+        &self.plan.order[self.plan.batches[self.index].clone()]
+    }
+
+    /// Claims and processes samples until none are left to claim.
+    pub(super) fn run(&self) {
+        let indices = self.indices();
+        while let Some(mut claim) = self.table.claim() {
+            let j = claim.index();
+            let pre = crate::lock(&self.pre[j]).take();
+            let shared = &self.shared;
+            // `process` catches the sample's own panics; this catches the
+            // rest, so every claim is released and the batch completes (an
+            // unwind out of a rayon job would abort the process: the pool
+            // has no panic handler).
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let slot = claim.slot();
+                process(shared, self.epoch, indices[j], slot, &self.cancel, pre)
+            }))
+            .unwrap_or_else(|payload| Outcome::Failed {
+                key: safe_key(shared, indices[j]),
+                error: Error::WorkerPanic {
+                    key: safe_key(shared, indices[j]),
+                    message: panic_message(payload.as_ref()),
+                },
+            });
+            *crate::lock(&self.outcomes[j]) = Some(outcome);
+            if claim.release() {
+                self.complete();
+            }
+        }
+    }
+
+    /// Hands the finished batch (or its error) to the uploader.
+    pub(super) fn complete(&self) {
+        let index = self.index;
+        let filled = catch_unwind(AssertUnwindSafe(|| self.finish())).unwrap_or_else(|payload| {
+            // The buffer was lost with the panic; return its permit.
+            self.shared.pool.release(None);
+            Filled {
+                index,
+                result: Some(Err(Error::WorkerPanic {
+                    key: format!("batch {index}"),
+                    message: panic_message(payload.as_ref()),
+                })),
+            }
+        });
+        let _ = self.done.send(Msg::Done(self.gen, filled));
+    }
+
+    /// Compacts the kept samples to the front of the buffer and builds the
+    /// batch.
+    fn finish(&self) -> Filled {
+        let (shared, index) = (&*self.shared, self.index);
+        let indices = self.indices();
+        let slot_len = shared.transform.slot_len();
+        let buf = self
+            .table
+            .take_buf()
+            .expect("a batch finishes once, after its last sample");
+        if self.cancel.load(Ordering::Relaxed) {
+            shared.pool.release(Some(buf));
+            return Filled {
+                index,
+                result: None,
+            };
+        }
+        let mut batch = HostBatch {
+            buf,
+            labels: Vec::with_capacity(indices.len()),
+            keys: Vec::with_capacity(indices.len()),
+            indices: Vec::with_capacity(indices.len()),
+            skipped: Vec::new(),
+        };
+        for (slot, (outcome, &source_index)) in self.outcomes.iter().zip(indices).enumerate() {
+            match crate::lock(outcome).take().unwrap_or(Outcome::Cancelled) {
+                Outcome::Ok { key, label } => {
+                    let kept = batch.keys.len();
+                    if kept != slot {
+                        if let Err(e) = batch.buf.move_slot(slot, kept, slot_len) {
+                            shared.pool.release(Some(batch.buf));
+                            return Filled {
+                                index,
+                                result: Some(Err(e)),
+                            };
+                        }
+                    }
+                    batch.keys.push(key);
+                    batch.labels.push(label);
+                    batch.indices.push(source_index);
+                }
+                Outcome::Failed { key, error } => match shared.bad_samples {
+                    BadSamples::Fail => {
+                        shared.pool.release(Some(batch.buf));
+                        return Filled {
+                            index,
+                            result: Some(Err(error)),
+                        };
+                    }
+                    BadSamples::Skip => {
+                        shared.counters.skipped(key.clone());
+                        batch.skipped.push(Skipped { key, error });
+                    }
+                },
+                Outcome::Cancelled => {
+                    // Cancel was set after this batch's check above; unreachable
+                    // in practice, handled the same way.
+                    shared.pool.release(Some(batch.buf));
+                    return Filled {
+                        index,
+                        result: None,
+                    };
+                }
+            }
+        }
+        Filled {
+            index,
+            result: Some(Ok(batch)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three threads fill a table: each slot goes to one of them, the
+    /// buffer comes back only after the last release (to the one thread
+    /// told it was last), with every slot's writes in it.
+    #[test]
+    fn a_slot_table_hands_each_slot_out_once_and_the_buffer_back_last() {
+        for round in 0..50 {
+            let table = SlotTable::new(HostBuf::U8(vec![0; 8 * 3]), 8, 3).unwrap();
+            let go = std::sync::Barrier::new(3);
+            let lasts = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..3 {
+                    s.spawn(|| {
+                        go.wait();
+                        while let Some(mut claim) = table.claim() {
+                            let j = claim.index();
+                            match claim.slot() {
+                                Slot::U8(px) => px.fill(j as u8 + 1),
+                                Slot::F32(_) => unreachable!(),
+                            }
+                            assert!(table.take_buf().is_none(), "a claim is still held");
+                            if claim.release() {
+                                lasts.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(lasts.load(Ordering::Relaxed), 1, "round {round}");
+            let Some(HostBuf::U8(px)) = table.take_buf() else {
+                panic!("round {round}: the buffer comes back once every slot is released")
+            };
+            let want: Vec<u8> = (1..=8).flat_map(|j| [j; 3]).collect();
+            assert_eq!(px, want, "round {round}");
+            assert!(table.take_buf().is_none(), "taken once");
+        }
+    }
+}

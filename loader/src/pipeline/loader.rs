@@ -1,0 +1,317 @@
+//! The loader's threads: started once by `build`, given one epoch at a
+//! time, stopped and joined on drop.
+
+use super::builder::LoaderBuilder;
+use super::epoch::Epoch;
+use super::feed::{feed, EpochCmd, RecordIter};
+use super::upload::upload_loop;
+use super::{AckOnExit, Acks, Msg, Shared};
+use crate::autotune::TuneStep;
+use crate::error::{Error, Result};
+use crate::sampler::{Plan, Sampler};
+use crate::source::Source;
+use crate::stats::Stats;
+use crate::stream::StreamPlanner;
+use crate::trace::Trace;
+use crate::transform::ImageTransform;
+use crossbeam_channel::{bounded, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// How epochs are ordered: a sampler over random access, or shard streams.
+#[derive(Debug)]
+pub(super) enum Order {
+    Sampled(Sampler),
+    Stream(StreamPlanner),
+}
+
+impl Order {
+    fn plan(&self, epoch: u64) -> Plan {
+        match self {
+            Order::Sampled(s) => s.plan(epoch),
+            Order::Stream(s) => s.plan(epoch),
+        }
+    }
+}
+
+/// Join handles of the decode pool's threads.
+pub(super) type DecodeThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
+
+/// A parallel, prefetching loader of image batches. See the crate docs.
+#[derive(Debug)]
+pub struct Loader {
+    pub(super) shared: Arc<Shared>,
+    pub(super) order: Order,
+    pub(super) cmd: Option<Sender<EpochCmd>>,
+    pub(super) acks: Arc<Acks>,
+    /// The generation of the newest epoch, and its cancel flag.
+    pub(super) gen: u64,
+    pub(super) current: Option<Arc<AtomicBool>>,
+    pub(super) threads: Vec<JoinHandle<()>>,
+    pub(super) decode_pool: Option<Arc<rayon::ThreadPool>>,
+    pub(super) decode_threads: DecodeThreads,
+    pub(super) prefetch: usize,
+}
+
+impl Loader {
+    /// Starts configuring a loader over `source`.
+    ///
+    /// ```no_run
+    /// # fn main() -> candle_wick::Result<()> {
+    /// use candle_wick::{ImageFolder, Loader};
+    /// let mut loader = Loader::builder(ImageFolder::new("data/train")?)
+    ///     .batch_size(64)
+    ///     .image_size(224)
+    ///     .train_transforms()
+    ///     .shuffle(42)
+    ///     .build()?;
+    /// for batch in loader.epoch(0) {
+    ///     let batch = batch?;
+    ///     println!("{:?} {:?}", batch.images.shape(), batch.labels.shape());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(source: impl Source) -> LoaderBuilder {
+        LoaderBuilder::new(Arc::new(source))
+    }
+
+    pub(super) fn start(
+        shared: Arc<Shared>,
+        order: Order,
+        workers: usize,
+        in_flight: usize,
+        prefetch: usize,
+    ) -> Result<Self> {
+        // Spawning the pool's threads ourselves keeps their handles, so
+        // dropping the loader can join them (rayon's own drop does not wait).
+        let handles: DecodeThreads = Arc::default();
+        let spawned = handles.clone();
+        let decode_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .spawn_handler(move |thread| {
+                let handle = std::thread::Builder::new()
+                    .name(format!("wick-decode-{}", thread.index()))
+                    .spawn(|| thread.run())?;
+                crate::lock(&spawned).push(handle);
+                Ok(())
+            })
+            .build()
+            .map_err(Error::ThreadPool)?;
+        let decode_pool = Arc::new(decode_pool);
+        // Begin, one message per batch in flight, End. A `Done` with a
+        // batch holds a pool buffer, so those are bounded by the pool; a
+        // failed or cancelled batch's `Done` holds none, and under
+        // `BadSamples::Fail` a run of them can fill the channel and block a
+        // worker in `send`. That never deadlocks: the uploader waits for
+        // neither workers nor feeder, its own sends give up once the epoch
+        // is cancelled, and no worker holds a gate pass while it sends.
+        let (done_tx, done_rx) = bounded::<Msg>(in_flight + 2);
+        let (cmd_tx, cmd_rx) = bounded::<EpochCmd>(1);
+        let acks = Arc::new(Acks::default());
+        let mut loader = Loader {
+            shared: shared.clone(),
+            order,
+            cmd: Some(cmd_tx),
+            acks: acks.clone(),
+            gen: 0,
+            current: None,
+            threads: Vec::new(),
+            decode_pool: Some(decode_pool.clone()),
+            decode_threads: handles,
+            prefetch,
+        };
+        let feeder_shared = shared.clone();
+        loader.spawn("wick-feed", move || {
+            feed(&feeder_shared, &decode_pool, &cmd_rx, &done_tx);
+        })?;
+        loader.spawn("wick-upload", move || {
+            let _exit = AckOnExit(&acks);
+            upload_loop(&shared, &done_rx, &acks)
+        })?;
+        Ok(loader)
+    }
+
+    fn spawn(&mut self, name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map_err(|source| Error::Spawn {
+                name: name.into(),
+                source,
+            })?;
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// The batches of epoch `epoch`, in order. See [`Epoch`].
+    pub fn epoch(&mut self, epoch: u64) -> Epoch<'_> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of epoch `epoch` from batch `start` on, to resume an
+    /// interrupted epoch: they equal the batches a full run yields from
+    /// there. A `start` past the end gives an empty epoch.
+    pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
+        let plan = self.order.plan(epoch);
+        let total = plan.batches.len();
+        let stream = match &self.order {
+            Order::Stream(s) => Some(RecordIter(Box::new(
+                s.records(epoch, self.shared.source.clone()),
+            ))),
+            Order::Sampled(_) => None,
+        };
+        let start = start.min(total);
+        let (out_tx, out_rx) = bounded(self.prefetch);
+        // An earlier epoch still running was forgotten (`mem::forget`; a
+        // dropped one is cancelled already): stop it, or its batches would
+        // hold the pool and the uploader.
+        if let Some(old) = self.current.take() {
+            old.store(true, Ordering::Release);
+            self.shared.wake();
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.current = Some(cancel.clone());
+        self.gen += 1;
+        let cmd = EpochCmd {
+            epoch,
+            gen: self.gen,
+            plan,
+            stream,
+            start,
+            cancel: cancel.clone(),
+            out: out_tx,
+        };
+        let started = self.cmd.as_ref().is_some_and(|c| c.send(cmd).is_ok());
+        self.shared.counters.epoch_started();
+        Epoch {
+            remaining: total - start,
+            expected: total - start,
+            rx: started.then_some(out_rx),
+            cancel,
+            gen: self.gen,
+            loader: self,
+        }
+    }
+
+    /// A fingerprint of what every rank must agree on: the source's length
+    /// and shard table (file names and record counts, so a rank that
+    /// skipped a damaged shard tail differs), batches per epoch, batch
+    /// geometry and seed. Equal on every rank of a data-parallel job that
+    /// sees the same data with the same settings, whatever the rank: gather
+    /// it across ranks before training and stop if they differ (unequal
+    /// batch counts hang an all-reduce).
+    pub fn fingerprint(&self) -> u32 {
+        let s = &self.shared;
+        let mut text = format!(
+            "wick-plan-v1 len {} batches {} geo {}x{}x{} seed {}",
+            s.source.len(),
+            self.len(),
+            s.geo.batch,
+            s.geo.height,
+            s.geo.width,
+            s.transform.seed()
+        );
+        for shard in s.source.shards() {
+            let name = shard.path.file_name().unwrap_or(shard.path.as_os_str());
+            text.push_str(&format!(
+                " | {} {} {}",
+                name.to_string_lossy(),
+                shard.first,
+                shard.records
+            ));
+        }
+        crc32c::crc32c(text.as_bytes())
+    }
+
+    /// Batches per epoch for this rank. In the streaming mode with several
+    /// ranks the count can change from epoch to epoch (shards are dealt
+    /// anew); this is epoch 0's, and [`Epoch::len`] is exact.
+    pub fn len(&self) -> usize {
+        match &self.order {
+            Order::Sampled(s) => s.num_batches(),
+            Order::Stream(s) => s.num_batches(0),
+        }
+    }
+
+    /// Whether an epoch has no batch (never true for a built loader: an
+    /// empty source is rejected by `build`).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// This rank's batches of `epoch`, as source indices, in the order the
+    /// loader yields them.
+    pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
+        let plan = self.order.plan(epoch);
+        plan.batches
+            .iter()
+            .map(|r| plan.order[r.clone()].to_vec())
+            .collect()
+    }
+
+    /// The per-sample function the workers run.
+    pub fn transform(&self) -> &ImageTransform {
+        &self.shared.transform
+    }
+
+    /// Decode workers active now (AUTOTUNE may change it between batches).
+    pub fn workers(&self) -> usize {
+        self.shared.knobs.gate.limit()
+    }
+
+    /// Batches in flight and prefetch depth now.
+    pub fn queue_depths(&self) -> (usize, usize) {
+        let k = &self.shared.knobs;
+        (
+            k.in_flight.load(Ordering::Relaxed),
+            k.prefetch.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The decisions AUTOTUNE took so far, in order.
+    pub fn autotune_history(&self) -> Vec<TuneStep> {
+        self.shared.tuner.history()
+    }
+
+    /// The timeline, when built with [`LoaderBuilder::trace`]. Take it
+    /// before iterating an epoch to add training steps with [`Trace::span`](crate::Trace::span).
+    pub fn trace(&self) -> Option<Arc<Trace>> {
+        self.shared.trace.clone()
+    }
+
+    /// Counters summed over every epoch run so far.
+    pub fn stats(&self) -> Stats {
+        for (time, bytes) in self.shared.uploader.finished_copies() {
+            self.shared.counters.batch_copied(time, bytes);
+        }
+        let mut stats = self.shared.counters.snapshot();
+        stats.pinned_buffers = self.shared.pool.pinned();
+        let scratch = &self.shared.knobs.scratch;
+        (stats.decode_scratches, stats.decode_scratch_bytes) = (scratch.count(), scratch.memory(0));
+        stats
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Closing the command channel ends the feeder, whose end closes the
+        // uploader's input; then the decode pool's threads are told to exit.
+        // An epoch still running was forgotten: stop it first.
+        if let Some(c) = self.current.take() {
+            c.store(true, Ordering::Release);
+            self.shared.wake();
+        }
+        self.cmd.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // The feeder held the other reference to the pool; dropping the
+        // last one tells its threads to exit once idle.
+        self.decode_pool.take();
+        let handles = std::mem::take(&mut *crate::lock(&self.decode_threads));
+        for t in handles {
+            let _ = t.join();
+        }
+    }
+}

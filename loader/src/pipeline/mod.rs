@@ -1,0 +1,232 @@
+//! Orchestration: the builder, the loader's long-lived threads, and the
+//! per-epoch iterator. Each stage of a batch's trip has its file:
+//!
+//! | file | stage |
+//! |---|---|
+//! | [`builder`] | settings, validation, the knobs AUTOTUNE starts from |
+//! | [`loader`] | the threads: spawn, epochs, accessors, drop (joins all) |
+//! | [`feed`] | the feeder thread: batches in order, a pool buffer each, stream reads |
+//! | [`fill`] | one batch filled by many jobs: slot claiming (the only unsafe), the bad-sample policy |
+//! | [`worker`] | one sample: read (or cache hit), decode, transform into its slot, cache fill |
+//! | [`reorder`] | batches finish out of order and leave in index order (a pure type) |
+//! | [`upload`] | the uploader thread: reorder, device upload, prefetch depth |
+//! | [`epoch`] | what the training loop holds: [`Epoch`], [`Batch`](crate::Batch) |
+//!
+//! # Threads and messages
+//!
+//! ```text
+//!   Loader::epoch_from ──EpochCmd (bounded 1)──► wick-feed
+//!                                                  │ per batch: Pool::acquire (blocks when no
+//!                                                  │ buffer is free), then spawn_fifo runners
+//!                                                  ▼
+//!                                            wick-decode-{i}  (Gate::enter: the AUTOTUNE'd
+//!                                                  │           worker count)
+//!     Msg channel, bounded in_flight + 2:          │
+//!     Begin{gen} ─(feeder)─► Done(gen, batch) ─(the worker finishing a batch)─► End{gen, dispatched} ─(feeder)
+//!                                                  ▼
+//!                                              wick-upload: Reorder → Uploader::upload →
+//!                                                  │ Room::wait_while(queue ≥ prefetch depth)
+//!     Result<Pending>, bounded channel ◄───────────┘
+//!                  ▼
+//!   Epoch::next (consumer; runs the AUTOTUNE step, wakes Room)
+//!   Drop for Epoch: cancel flag → wake pool and Room → Acks::wait(gen)
+//!                   ◄── the uploader acks gen once every dispatched batch came back
+//! ```
+//!
+//! - Every message carries its epoch's generation (one per `epoch_from`),
+//!   so a late message of a forgotten (`mem::forget`) epoch is given back,
+//!   never delivered as the running epoch's.
+//! - Who blocks on what: the feeder on the command channel (idle), the pool
+//!   (no free buffer) and the `Msg` channel; workers on the gate and the
+//!   `Msg` channel; the uploader on the `Msg` channel, [`Room`] (the prefetch
+//!   depth AUTOTUNE chose) and the output channel; the consumer on the
+//!   output channel and, when it drops the epoch, on [`Acks`]. A cancel wakes
+//!   every one of those waits; none of them polls.
+
+mod builder;
+mod epoch;
+mod feed;
+mod fill;
+mod loader;
+mod reorder;
+mod upload;
+mod worker;
+
+pub use builder::LoaderBuilder;
+pub use epoch::{Batch, Epoch, Skipped};
+pub use fill::BadSamples;
+pub use loader::Loader;
+
+use crate::autotune::{Knobs, Tuner};
+use crate::cache::Cache;
+use crate::device::{Geometry, Uploader};
+use crate::error::{Error, Result};
+use crate::pool::{HostBuf, Pool};
+use crate::source::Source;
+use crate::stats::Counters;
+use crate::trace::Trace;
+use crate::transform::ImageTransform;
+use candle_core::Device;
+use crossbeam_channel::Sender;
+use epoch::Pending;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// What the loader's threads share.
+#[derive(Debug)]
+struct Shared {
+    source: Arc<dyn Source>,
+    knobs: Knobs,
+    tuner: Tuner,
+    trace: Option<Arc<Trace>>,
+    cache: Option<Cache>,
+    transform: ImageTransform,
+    pool: Pool,
+    counters: Counters,
+    device: Device,
+    bad_samples: BadSamples,
+    geo: Geometry,
+    uploader: Uploader,
+    /// Signalled when the prefetch queue may have room for the uploader.
+    room: Room,
+}
+
+impl Shared {
+    /// Wakes whatever waits and may have to see a cancel: the feeder in the
+    /// pool, the uploader at the prefetch queue.
+    fn wake(&self) {
+        self.pool.wake();
+        self.room.notify();
+    }
+}
+
+/// Wakes the upload thread when the prefetch queue may have room for the
+/// next batch: the consumer took one (and AUTOTUNE may have changed the
+/// prefetch depth), or the epoch was cancelled. (It polled every 200 µs
+/// while a consumer held the epoch without taking batches.)
+#[derive(Debug, Default)]
+struct Room {
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Room {
+    fn notify(&self) {
+        let _guard = crate::lock(&self.lock);
+        self.cv.notify_all();
+    }
+
+    /// Waits while `full()` holds. Every change to what `full` reads is
+    /// followed by a `notify` under the lock, so no wake-up is lost; the
+    /// timeout is only a backstop (10 Hz, not a poll).
+    fn wait_while(&self, mut full: impl FnMut() -> bool) {
+        let mut guard = crate::lock(&self.lock);
+        while full() {
+            guard = match self.cv.wait_timeout(guard, Duration::from_millis(100)) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+/// A batch filled on the host, not yet on the device.
+#[derive(Debug)]
+struct HostBatch {
+    buf: HostBuf,
+    labels: Vec<u32>,
+    keys: Vec<String>,
+    indices: Vec<usize>,
+    skipped: Vec<Skipped>,
+}
+
+/// A decode job's result: `None` when the epoch was cancelled meanwhile.
+#[derive(Debug)]
+struct Filled {
+    index: usize,
+    result: Option<Result<HostBatch>>,
+}
+
+/// Messages to the uploader, in the order the feeder sends them. Each
+/// carries its epoch's generation (one per `Loader::epoch_from` call), so a
+/// late message of an epoch that was forgotten (`mem::forget`) is never
+/// taken for the running one's.
+#[derive(Debug)]
+enum Msg {
+    Begin {
+        gen: u64,
+        out: Sender<Result<Pending>>,
+        first: usize,
+        cancel: Arc<AtomicBool>,
+    },
+    Done(u64, Filled),
+    End {
+        gen: u64,
+        dispatched: usize,
+    },
+}
+
+/// The uploader's acknowledgements: the newest generation whose dispatched
+/// batches are all back (`u64::MAX` once the uploader has exited). A
+/// condition variable, not a channel: an acknowledgement nobody waits for
+/// (a forgotten epoch's) can neither block the uploader nor be mistaken
+/// for a later epoch's.
+#[derive(Debug, Default)]
+struct Acks {
+    done: Mutex<u64>,
+    cv: std::sync::Condvar,
+}
+
+impl Acks {
+    fn ack(&self, gen: u64) {
+        let mut done = crate::lock(&self.done);
+        *done = (*done).max(gen);
+        self.cv.notify_all();
+    }
+
+    /// Blocks until generation `gen` (or any later one) is acknowledged.
+    fn wait(&self, gen: u64) {
+        let mut done = crate::lock(&self.done);
+        while *done < gen {
+            done = self.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Acknowledges everything when the uploader thread ends, however it ends.
+struct AckOnExit<'a>(&'a Acks);
+
+impl Drop for AckOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.ack(u64::MAX);
+    }
+}
+
+/// Runs `f` (user code on a loader thread), turning a panic into an error
+/// naming `what`.
+fn caught<T>(what: String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(Error::WorkerPanic {
+            key: what,
+            message: panic_message(payload.as_ref()),
+        })
+    })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// `Source::key(index)`, or `#index` when the user's `key` panics too (it
+/// is asked for on the error path, where a source that panicked in `read`
+/// often panics again).
+fn safe_key(shared: &Shared, index: usize) -> String {
+    catch_unwind(AssertUnwindSafe(|| shared.source.key(index)))
+        .unwrap_or_else(|_| format!("#{index}"))
+}

@@ -1,0 +1,315 @@
+//! The uploader thread: puts finished batches back in order, turns each
+//! into device tensors and hands it to the epoch within the prefetch depth.
+
+use super::epoch::{Batch, Pending};
+use super::reorder::Reorder;
+use super::{caught, Acks, HostBatch, Msg, Shared};
+use crate::error::Result;
+use crate::trace::{Trace, LANE_UPLOAD};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The uploader's view of the running epoch.
+pub(super) struct Running {
+    pub(super) gen: u64,
+    pub(super) out: Option<Sender<Result<Pending>>>,
+    pub(super) cancel: Arc<AtomicBool>,
+    /// Batches back from the workers, waiting for their turn; `None` for
+    /// one cancelled meanwhile.
+    pub(super) order: Reorder<Option<Result<HostBatch>>>,
+    /// `Done` messages received for this epoch.
+    pub(super) received: usize,
+    /// How many batches the feeder dispatched, once its `End` came: the
+    /// epoch is over when `received` reaches it.
+    pub(super) dispatched: Option<usize>,
+}
+
+/// Gives back what a batch that will never be delivered holds: its buffer
+/// (a batch that failed or was cancelled gave it back already).
+pub(super) fn discard(shared: &Shared, result: Option<Result<HostBatch>>) {
+    if let Some(Ok(host)) = result {
+        shared.pool.release(Some(host.buf));
+    }
+    shared.counters.batch_dropped();
+}
+
+/// The uploader thread: reorder, upload, hand over.
+pub(super) fn upload_loop(shared: &Shared, done: &Receiver<Msg>, acks: &Acks) {
+    let mut running: Option<Running> = None;
+    for msg in done {
+        match msg {
+            Msg::Begin {
+                gen,
+                out,
+                first,
+                cancel,
+            } => {
+                // An epoch still running here was forgotten and then
+                // cancelled: what it left is given back; its late batches
+                // are discarded as they come (their generation is old).
+                if let Some(old) = running.take() {
+                    old.order.into_rest().for_each(|r| discard(shared, r));
+                }
+                running = Some(Running {
+                    gen,
+                    out: Some(out),
+                    cancel,
+                    order: Reorder::new(first),
+                    received: 0,
+                    dispatched: None,
+                });
+            }
+            Msg::Done(gen, filled) => match running.as_mut() {
+                Some(r) if r.gen == gen => {
+                    r.received += 1;
+                    r.order.push(filled.index, filled.result);
+                    flush(shared, r);
+                }
+                _ => discard(shared, filled.result),
+            },
+            Msg::End { gen, dispatched } => {
+                if let Some(r) = running.as_mut().filter(|r| r.gen == gen) {
+                    r.dispatched = Some(dispatched);
+                }
+            }
+        }
+        if let Some(gen) = running
+            .as_ref()
+            .filter(|r| r.dispatched == Some(r.received))
+            .map(|r| r.gen)
+        {
+            // Dropping the epoch's sender ends its channel after the last batch.
+            running = None;
+            acks.ack(gen);
+        }
+    }
+}
+
+/// Records a span on the upload lane when dropped.
+pub(super) struct TraceSpan<'a>(&'a Trace, &'static str, Instant);
+
+impl Drop for TraceSpan<'_> {
+    fn drop(&mut self) {
+        self.0.record(self.1, LANE_UPLOAD, self.2, Instant::now());
+    }
+}
+
+/// Hands over every batch that is next in order.
+pub(super) fn flush(shared: &Shared, r: &mut Running) {
+    while let Some((index, result)) = r.order.pop() {
+        let live = r.out.is_some() && !r.cancel.load(Ordering::Relaxed);
+        let item = match result {
+            None => {
+                shared.counters.batch_dropped();
+                continue;
+            }
+            Some(Err(e)) => {
+                shared.counters.batch_dropped();
+                Err(e)
+            }
+            Some(Ok(host)) if !live => {
+                shared.pool.release(Some(host.buf));
+                shared.counters.batch_dropped();
+                continue;
+            }
+            Some(Ok(host)) => {
+                let t = Instant::now();
+                let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
+                // A panic in the device step (candle's ops) is this batch's
+                // error, not the end of the upload thread and the loader.
+                let (buf, labels, geo) = (host.buf, host.labels, shared.geo);
+                let uploaded = caught(format!("batch {index} (upload)"), || {
+                    shared.uploader.upload(&shared.device, buf, labels, geo)
+                });
+                match uploaded {
+                    Ok(up) => {
+                        shared.pool.release(up.reusable);
+                        shared.counters.batch_uploaded(t.elapsed());
+                        for (time, bytes) in shared.uploader.finished_copies() {
+                            shared.counters.batch_copied(time, bytes);
+                        }
+                        Ok(Pending {
+                            batch: Some(Batch {
+                                images: up.images,
+                                labels: up.labels,
+                                keys: host.keys,
+                                indices: host.indices,
+                                index,
+                                skipped: host.skipped,
+                                ready: up.ready,
+                            }),
+                            guards: shared.uploader.guards(),
+                        })
+                    }
+                    Err(e) => {
+                        shared.pool.release(None);
+                        shared.counters.batch_dropped();
+                        Err(e)
+                    }
+                }
+            }
+        };
+        if let Some(out) = &r.out {
+            // Waits for a place within the prefetch depth AUTOTUNE chose
+            // (never above the channel's size), or for the epoch's cancel:
+            // the uploader is the channel's only sender, so a place found
+            // stays free for this send. A cancelled epoch (dropped, or
+            // forgotten with a full channel nobody reads) takes no more.
+            let cap = out.capacity().unwrap_or(usize::MAX);
+            shared.room.wait_while(|| {
+                let depth = shared.knobs.prefetch.load(Ordering::Relaxed);
+                out.len() >= depth.min(cap) && !r.cancel.load(Ordering::Relaxed)
+            });
+            let sent = out.len() < cap && out.try_send(item).is_ok();
+            if !sent {
+                r.out = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Filled, Loader};
+    use crate::pool::HostBuf;
+    use crate::source::{MemorySource, Record};
+    use crate::transform::Output;
+    use crossbeam_channel::bounded;
+    use std::time::Duration;
+
+    /// The uploader's protocol, message by message: batches are handed over
+    /// in index order whatever order they finish in, a cancelled batch
+    /// (`Done(None)`) is passed over, `End` before the last `Done` waits
+    /// for it, a late batch of an older generation is given back and never
+    /// delivered, and every buffer returns to the pool.
+    #[test]
+    fn the_uploader_reorders_skips_and_keeps_generations_apart() {
+        // A broken protocol hangs (a channel that never ends): fail instead.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            uploader_protocol();
+            let _ = tx.send(());
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hang: watchdog expired"),
+            // A panic in the body (the harness prints it) or success.
+            r => r.expect("the protocol test panicked"),
+        }
+    }
+
+    fn uploader_protocol() {
+        let records = (0..4)
+            .map(|i| Record::encoded(format!("r{i}"), vec![1], 0))
+            .collect();
+        let loader = Loader::builder(MemorySource::new(records))
+            .batch_size(2)
+            .image_size(2)
+            .output(Output::U8Nhwc)
+            .workers(1)
+            .batches_in_flight(8)
+            .prefetch(8)
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        let shared = loader.shared.clone();
+        let (tx, rx) = bounded::<Msg>(64);
+        let acks = Arc::new(Acks::default());
+        let uploader = {
+            let (shared, acks) = (shared.clone(), acks.clone());
+            std::thread::spawn(move || upload_loop(&shared, &rx, &acks))
+        };
+        let never = AtomicBool::new(false);
+        let slot = 2 * shared.transform.slot_len();
+        // Batch `index` of a generation, its bytes all `tag`.
+        let done = |gen: u64, index: usize, tag: u8| {
+            let mut buf = shared.pool.acquire(&never).unwrap().unwrap();
+            match &mut buf {
+                HostBuf::U8(v) => {
+                    v.clear();
+                    v.resize(slot, tag);
+                }
+                _ => unreachable!("a CPU loader with U8 output"),
+            }
+            let host = HostBatch {
+                buf,
+                labels: vec![tag as u32; 2],
+                keys: vec![format!("k{index}"); 2],
+                indices: vec![2 * index, 2 * index + 1],
+                skipped: Vec::new(),
+            };
+            Msg::Done(
+                gen,
+                Filled {
+                    index,
+                    result: Some(Ok(host)),
+                },
+            )
+        };
+        let begin = |gen: u64, out: Sender<Result<Pending>>| Msg::Begin {
+            gen,
+            out,
+            first: 0,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        let delivered = |rx: Receiver<Result<Pending>>| -> Vec<(usize, u8)> {
+            rx.iter()
+                .map(|p| {
+                    let b = p.unwrap().take();
+                    let px = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                    assert!(px.iter().all(|&x| x == px[0]), "batch {} torn", b.index);
+                    assert_eq!(b.labels.to_vec1::<u32>().unwrap(), [px[0] as u32; 2]);
+                    (b.index, px[0])
+                })
+                .collect()
+        };
+
+        // Generation 1: finished out of order, batch 1 cancelled, End
+        // before the last two.
+        let (out, got) = bounded(16);
+        tx.send(begin(1, out)).unwrap();
+        tx.send(done(1, 2, 12)).unwrap();
+        tx.send(done(1, 0, 10)).unwrap();
+        let none = Filled {
+            index: 1,
+            result: None,
+        };
+        tx.send(Msg::Done(1, none)).unwrap();
+        tx.send(Msg::End {
+            gen: 1,
+            dispatched: 5,
+        })
+        .unwrap();
+        tx.send(done(1, 4, 14)).unwrap();
+        tx.send(done(1, 3, 13)).unwrap();
+        // The channel ends once all five are back.
+        assert_eq!(delivered(got), [(0, 10), (2, 12), (3, 13), (4, 14)]);
+        acks.wait(1);
+
+        // Generation 2 begins while generation 1's stragglers still arrive
+        // (a forgotten epoch): those are given back, not delivered.
+        let (out, got) = bounded(16);
+        tx.send(begin(2, out)).unwrap();
+        tx.send(done(1, 0, 99)).unwrap();
+        tx.send(done(2, 1, 21)).unwrap();
+        tx.send(done(1, 1, 98)).unwrap();
+        tx.send(Msg::End {
+            gen: 1,
+            dispatched: 9,
+        })
+        .unwrap();
+        tx.send(done(2, 0, 20)).unwrap();
+        tx.send(Msg::End {
+            gen: 2,
+            dispatched: 2,
+        })
+        .unwrap();
+        assert_eq!(delivered(got), [(0, 20), (1, 21)]);
+        acks.wait(2);
+        drop(tx);
+        uploader.join().unwrap();
+        assert_eq!(shared.pool.out(), 0, "every buffer is back in the pool");
+    }
+}
