@@ -3,9 +3,10 @@
 
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
-use crate::resize::{Crop, Resampler, View};
+use crate::layout::{Output, Slot};
 use crate::source::{SafetensorsWriter, Source, TfRecordWriter, WebDatasetWriter};
-use crate::transform::{ImageTransform, Output, Slot, Transforms};
+use crate::transform::resize::{Crop, Resampler, View};
+use crate::transform::{ImageTransform, Transforms};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 

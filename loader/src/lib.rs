@@ -68,45 +68,41 @@
 
 #![deny(missing_docs)]
 
-mod autotune;
 mod cache;
 mod convert;
 mod decode;
-#[cfg(feature = "turbojpeg")]
-mod decode_turbo;
 mod device;
 mod error;
-mod jpeg;
+mod geometry;
+mod layout;
+mod order;
 mod pipeline;
 mod pool;
-mod resize;
 mod rng;
-mod sampler;
 mod source;
 mod stats;
-mod stream;
-mod trace;
 mod transform;
+mod tune;
 
-pub use autotune::{TuneStep, AUTOTUNE};
 pub use cache::CacheMode;
 pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::{decode_rgb_into, JPEG_DECODER};
 pub use device::NormalizeAt;
 pub use error::{error_chain, Error, Result};
+pub use layout::{Output, Slot, IMAGENET_MEAN, IMAGENET_STD};
+pub use order::sampler::Sampler;
+pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
-pub use sampler::Sampler;
 pub use source::{
     shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record, RecordStream,
     SafetensorsShards, SafetensorsWriter, ShardInfo, ShardOptions, Source, TfRecord,
     TfRecordOptions, TfRecordWriter, WebDataset, WebDatasetOptions, WebDatasetWriter,
 };
+pub use stats::trace::Trace;
+pub use stats::SampleTimes;
 pub use stats::{Stage, StageRates, Stats, Verdict};
-pub use stream::Interleave;
-pub use trace::Trace;
-pub use transform::{
-    ImageTransform, Output, SampleTimes, Slot, Transforms, IMAGENET_MEAN, IMAGENET_STD,
-};
+pub use transform::{ImageTransform, Transforms};
+pub use tune::{TuneStep, AUTOTUNE};
 
 /// Locks `m`, going on when another holder panicked: the data behind every
 /// lock in this crate is kept consistent by plain stores, so poisoning

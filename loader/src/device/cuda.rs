@@ -34,9 +34,9 @@
 
 use super::normalize::NormalizeU8;
 use super::ring::{Guard, Guards, Ring, Staged, Streams};
+use super::HostBuf;
 use crate::error::{Error, Result};
-use crate::pool::HostBuf;
-use crate::transform::Output;
+use crate::layout::Output;
 use candle_core::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaStream, DevicePtrMut, PinnedHostSlice, ValidAsZeroBits,
 };

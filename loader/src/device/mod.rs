@@ -38,7 +38,14 @@
 //!   permute and broadcasts, as before (no `metal_fwd` for the fused op
 //!   yet), within an ulp of the host's values rather than bit-identical.
 
+mod buffer;
 #[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+/// Without the `cuda` feature: the same names, uninhabited (candle's
+/// `dummy_cuda_backend.rs` pattern), so the code that holds host buffers
+/// needs no `cfg`.
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
 pub(crate) mod cuda;
 pub(crate) mod normalize;
 // The protocol only CUDA drives; its model tests run everywhere.
@@ -46,8 +53,8 @@ pub(crate) mod normalize;
 pub(crate) mod ring;
 
 use crate::error::{Error, Result};
-use crate::pool::HostBuf;
-use crate::transform::Output;
+use crate::layout::Output;
+pub(crate) use buffer::HostBuf;
 use candle_core::{DType, Device, Shape, Tensor};
 use normalize::NormalizeU8;
 pub(crate) use ring::{Guard, Guards};
@@ -197,22 +204,25 @@ pub(crate) struct Uploaded {
     pub(crate) ready: Ready,
 }
 
-/// The allocator of page-locked host batch buffers for `device`: CUDA's, or
-/// `None` where the pool's ordinary memory does.
-pub(crate) fn pinned_alloc(
+/// The allocator of `device`'s host batch buffers, and whether the pool
+/// keeps every buffer it makes: page-locked ones for CUDA (allocating and
+/// freeing them is slow and may synchronize the device), ordinary zeroed
+/// memory otherwise.
+pub(crate) fn buffers(
     device: &Device,
     geo: Geometry,
     guards: Guards,
-) -> Option<crate::pool::PinnedAlloc> {
+) -> (crate::pool::Alloc<HostBuf>, bool) {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
         let dev = dev.clone();
-        return Some(Box::new(move || {
-            cuda::pinned_buffer(&dev, geo.elems(), geo.batch, geo.host_output, guards)
-        }));
+        let alloc =
+            move || cuda::pinned_buffer(&dev, geo.elems(), geo.batch, geo.host_output, guards);
+        return (Box::new(alloc), true);
     }
-    let _ = (device, geo, guards);
-    None
+    let _ = (device, guards);
+    let (output, elems) = (geo.host_output, geo.elems());
+    (Box::new(move || Ok(buffer::heap(output, elems))), false)
 }
 
 /// Per-loader upload state: the CUDA copy stream and ring, or nothing.
@@ -319,7 +329,6 @@ impl Uploader {
                         Tensor::from_slice(&v[..len], shape, device)?,
                         Some(HostBuf::F32(v)),
                     ),
-                    #[cfg(feature = "cuda")]
                     HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_) => {
                         return Err(Error::InvalidConfig(
                             "pinned buffers need the CUDA uploader".into(),

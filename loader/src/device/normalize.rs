@@ -27,7 +27,7 @@ pub(crate) struct NormalizeU8 {
 impl NormalizeU8 {
     /// The normalize of `(x / 255 - mean) / std`, computed as the host does.
     pub(crate) fn new(mean: [f32; 3], std: [f32; 3], dtype: DType) -> Self {
-        let (scale, bias) = crate::transform::normalize_coefficients(mean, std);
+        let (scale, bias) = crate::layout::normalize_coefficients(mean, std);
         Self { scale, bias, dtype }
     }
 

@@ -4,17 +4,18 @@
 use super::fill::BadSamples;
 use super::loader::{Loader, Order};
 use super::{Room, Shared};
-use crate::autotune::{Auto, Knobs, Tuner, MAX_QUEUE};
 use crate::cache::{Cache, CacheMode};
 use crate::device::{Finish, Geometry, Guards, NormalizeAt};
 use crate::error::{Error, Result};
+use crate::layout::Output;
+use crate::order::sampler::Sampler;
+use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
-use crate::sampler::Sampler;
 use crate::source::Source;
+use crate::stats::trace::Trace;
 use crate::stats::Counters;
-use crate::stream::{Interleave, StreamPlanner};
-use crate::trace::Trace;
-use crate::transform::{ImageTransform, Output, Transforms};
+use crate::transform::{ImageTransform, Transforms};
+use crate::tune::{default_budget, Auto, Budget, Gate, Knobs, Tuner, MAX_QUEUE};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -359,42 +360,21 @@ impl LoaderBuilder {
             Output::U8Nhwc => 1,
             Output::F32Nchw { .. } => 4,
         };
+        // Pinned buffers hold the labels too.
+        let labels = if self.device.is_cuda() { 4 } else { 0 };
+        let batch_bytes = (self.batch_size * (transform.slot_len() * elem + labels)) as u64;
+        let budget = self.ram_budget.unwrap_or_else(default_budget);
         let knobs = Knobs {
-            gate: crate::autotune::Gate::new(workers),
+            gate: Gate::new(workers),
             in_flight: in_flight.into(),
             prefetch: prefetch.into(),
             max_workers,
-            // Pinned buffers hold the labels too.
-            batch_bytes: (self.batch_size * transform.slot_len() * elem
-                + if self.device.is_cuda() {
-                    4 * self.batch_size
-                } else {
-                    0
-                }) as u64,
-            pinned: self.device.is_cuda(),
-            in_flight_high: in_flight.into(),
-            budget: self
-                .ram_budget
-                .unwrap_or_else(crate::autotune::default_budget),
-            scratch: Default::default(),
+            budget: Budget::new(budget, batch_bytes, self.device.is_cuda(), in_flight),
         };
-        if !knobs.fits(in_flight, prefetch, 0, 0) {
-            let held = if knobs.pinned {
-                format!("{in_flight} page-locked, in flight")
-            } else {
-                format!("{in_flight} in flight, {prefetch} prefetched, one uploading, one held")
-            };
-            return Err(Error::InvalidConfig(format!(
-                "ram_budget of {} bytes cannot hold {} batches of {} bytes ({held}): raise it or \
-                 lower batch_size",
-                knobs.budget,
-                knobs.memory(in_flight, prefetch, 0, 0) / knobs.batch_bytes.max(1),
-                knobs.batch_bytes
-            )));
-        }
+        knobs.budget.check_start(in_flight, prefetch)?;
         let counters = Counters::default();
         counters.set_workers(workers);
-        counters.set_memory(knobs.memory(in_flight, prefetch, workers, 0));
+        counters.set_memory(knobs.budget.memory(in_flight, prefetch, workers, 0));
         let geo = Geometry {
             batch: self.batch_size,
             height: h,
@@ -405,9 +385,9 @@ impl LoaderBuilder {
         let uploader = crate::device::Uploader::new(&self.device, finish, geo, guards)?;
         // CUDA: page-locked buffers for the batches in flight now, more from
         // the same allocator as AUTOTUNE grows, none freed while it tunes.
-        let pinned = crate::device::pinned_alloc(&self.device, geo, guards);
+        let (alloc, keep) = crate::device::buffers(&self.device, geo, guards);
         let shared = Arc::new(Shared {
-            pool: Pool::new(in_flight, geo.elems(), host_output, pinned)?,
+            pool: Pool::new(in_flight, alloc, keep)?,
             tuner: Tuner::new(auto),
             knobs,
             trace: self.trace.then(|| Arc::new(Trace::new())),

@@ -6,14 +6,14 @@ use super::epoch::Epoch;
 use super::feed::{feed, EpochCmd, RecordIter};
 use super::upload::upload_loop;
 use super::{AckOnExit, Acks, Msg, Shared};
-use crate::autotune::TuneStep;
 use crate::error::{Error, Result};
-use crate::sampler::{Plan, Sampler};
+use crate::order::sampler::{Plan, Sampler};
+use crate::order::stream::StreamPlanner;
 use crate::source::Source;
+use crate::stats::trace::Trace;
 use crate::stats::Stats;
-use crate::stream::StreamPlanner;
-use crate::trace::Trace;
 use crate::transform::ImageTransform;
+use crate::tune::TuneStep;
 use crossbeam_channel::{bounded, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -286,8 +286,8 @@ impl Loader {
             self.shared.counters.batch_copied(time, bytes);
         }
         let mut stats = self.shared.counters.snapshot();
-        stats.pinned_buffers = self.shared.pool.pinned();
-        let scratch = &self.shared.knobs.scratch;
+        stats.pinned_buffers = self.shared.pool.kept();
+        let scratch = &self.shared.knobs.budget.scratch;
         (stats.decode_scratches, stats.decode_scratch_bytes) = (scratch.count(), scratch.memory(0));
         stats
     }

@@ -57,15 +57,16 @@ pub use epoch::{Batch, Epoch, Skipped};
 pub use fill::BadSamples;
 pub use loader::Loader;
 
-use crate::autotune::{Knobs, Tuner};
 use crate::cache::Cache;
+use crate::device::HostBuf;
 use crate::device::{Geometry, Uploader};
 use crate::error::{Error, Result};
-use crate::pool::{HostBuf, Pool};
+use crate::pool::Pool;
 use crate::source::Source;
+use crate::stats::trace::Trace;
 use crate::stats::Counters;
-use crate::trace::Trace;
 use crate::transform::ImageTransform;
+use crate::tune::{Knobs, Tuner};
 use candle_core::Device;
 use crossbeam_channel::Sender;
 use epoch::Pending;
@@ -83,7 +84,7 @@ struct Shared {
     trace: Option<Arc<Trace>>,
     cache: Option<Cache>,
     transform: ImageTransform,
-    pool: Pool,
+    pool: Pool<HostBuf>,
     counters: Counters,
     device: Device,
     bad_samples: BadSamples,

@@ -5,7 +5,7 @@ use super::epoch::{Batch, Pending};
 use super::reorder::Reorder;
 use super::{caught, Acks, HostBatch, Msg, Shared};
 use crate::error::Result;
-use crate::trace::{Trace, LANE_UPLOAD};
+use crate::stats::trace::{Trace, LANE_UPLOAD};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -173,10 +173,10 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::HostBuf;
+    use crate::layout::Output;
     use crate::pipeline::{Filled, Loader};
-    use crate::pool::HostBuf;
     use crate::source::{MemorySource, Record};
-    use crate::transform::Output;
     use crossbeam_channel::bounded;
     use std::time::Duration;
 

@@ -6,9 +6,9 @@ use super::fill::Outcome;
 use super::{panic_message, safe_key, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
+use crate::layout::Slot;
 use crate::source::Record;
-use crate::trace::LANE_DECODE;
-use crate::transform::Slot;
+use crate::stats::trace::LANE_DECODE;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ pub(super) fn fill_cache(
         k.prefetch.load(Ordering::Relaxed),
         k.gate.limit(),
     );
-    if cache.put(index, &record, |after| k.fits(f, p, w, after)) {
+    if cache.put(index, &record, |after| k.budget.fits(f, p, w, after)) {
         shared.counters.cache_stored(record.bytes.len() as u64);
     }
     Ok(record)
@@ -72,7 +72,7 @@ pub(super) fn process(
         return Outcome::Cancelled;
     }
     // Taken after the gate, so the scratch held is the active workers'.
-    let mut scratch = shared.knobs.scratch.take(shared.knobs.gate.limit());
+    let mut scratch = shared.knobs.budget.scratch.take(shared.knobs.gate.limit());
     let start = Instant::now();
     let run = || -> Result<(String, u32), (Option<String>, Error)> {
         let t0 = Instant::now();
@@ -108,7 +108,7 @@ pub(super) fn process(
                 let t = Instant::now();
                 let s = &mut scratch;
                 tr.apply_decoded_with(s, &record.key, &record.bytes, wh, epoch, index, slot)
-                    .map(|()| crate::transform::SampleTimes {
+                    .map(|()| crate::stats::SampleTimes {
                         decode: Duration::ZERO,
                         transform: t.elapsed(),
                         decoded_bytes: record.bytes.len() as u64,

@@ -2,14 +2,21 @@
 //! hostile files.
 //!
 //! JPEG (nearly every training image) goes to wick's own decoder
-//! ([`crate::jpeg`], per-thread tables and planes, nothing allocated per
+//! ([`crate::decode::jpeg`], per-thread tables and planes, nothing allocated per
 //! image), and what it does not take (arithmetic coding, CMYK, damage) to
 //! zune-jpeg, the decoder inside the `image` crate, which decodes or names
 //! the error; both write into the caller's buffer. Other formats go
 //! through `image` and are converted to RGB.
 
+pub(crate) mod jpeg;
+pub(crate) mod limits;
+#[cfg(feature = "turbojpeg")]
+pub(crate) mod turbo;
+
 use crate::error::{Error, Result};
+use crate::geometry::{relative, Crop, Window};
 use image::{DynamicImage, ImageFormat, ImageReader, Limits};
+use limits::{MAX_ALLOC, MAX_SIDE};
 use std::io::Cursor;
 use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::zune_core::colorspace::ColorSpace;
@@ -25,10 +32,75 @@ pub const JPEG_DECODER: &str = if cfg!(feature = "turbojpeg") {
     "wick window decoder (pure Rust, crop window)"
 };
 
-/// Largest width or height a sample may declare.
-pub(crate) const MAX_SIDE: u32 = 32_768;
-/// Largest decoded image, in bytes (1 GiB).
-pub(crate) const MAX_ALLOC: u64 = 1 << 30;
+/// What [`decode_for_crop`] produced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Decoded {
+    /// Only the crop's window (a JPEG, at full or reduced scale): the
+    /// buffer holds `width x height` pixels, and `crop` is relative to them.
+    Window {
+        width: usize,
+        height: usize,
+        crop: Crop,
+        flip: bool,
+    },
+    /// The whole `width x height` image: the caller picks the crop from
+    /// the full size, exactly as for pixels that come decoded (a cache).
+    Whole { width: usize, height: usize },
+}
+
+/// The one decoder dispatch of the decode+transform path: decodes what the
+/// crop that `plan` picks for the image's full size needs, into `out`.
+/// `plan` gives the crop, the flip and the window of pixels the resampler
+/// reads for it (see `ImageTransform`). JPEGs go to libjpeg-turbo (feature
+/// `turbojpeg`: crop window, DCT scaling), then wick's window decoder, then
+/// a whole decode ([`decode_rgb_into`]: zune-jpeg for what wick declines);
+/// other formats decode whole. Errors name `key`.
+pub(crate) fn decode_for_crop(
+    key: &str,
+    bytes: &[u8],
+    jpeg: &mut jpeg::Scratch,
+    out: &mut Vec<u8>,
+    out_size: (usize, usize),
+    plan: impl Fn(usize, usize) -> (Crop, bool, Window),
+) -> Result<Decoded> {
+    if bytes.starts_with(&[0xFF, 0xD8]) {
+        #[cfg(feature = "turbojpeg")]
+        {
+            let params = |w, h| {
+                let (crop, flip, _) = plan(w, h);
+                (crop, flip)
+            };
+            if let Some(r) = turbo::decode_region(bytes, out, out_size, params) {
+                return Ok(Decoded::Window {
+                    width: r.width,
+                    height: r.height,
+                    crop: r.crop,
+                    flip: r.flip,
+                });
+            }
+        }
+        #[cfg(not(feature = "turbojpeg"))]
+        let _ = out_size;
+        let mut picked = None;
+        let choose = |w, h| {
+            let (crop, flip, win) = plan(w, h);
+            picked = Some((crop, flip));
+            win
+        };
+        if let Some(win) = jpeg::decode_window(bytes, jpeg, out, choose) {
+            if let Some((crop, flip)) = picked {
+                return Ok(Decoded::Window {
+                    width: win.width(),
+                    height: win.height(),
+                    crop: relative(crop, &win),
+                    flip,
+                });
+            }
+        }
+    }
+    let (width, height) = decode_rgb_into(key, bytes, out)?;
+    Ok(Decoded::Whole { width, height })
+}
 
 /// Decodes `bytes` (JPEG, PNG, WebP, BMP; format sniffed from the bytes)
 /// into `out` as packed RGB8 and returns `(width, height)`: the pixels are
@@ -67,7 +139,7 @@ fn jpeg_error(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> E
 }
 
 thread_local! {
-    static JPEG: std::cell::RefCell<crate::jpeg::Scratch> = Default::default();
+    static JPEG: std::cell::RefCell<jpeg::Scratch> = Default::default();
 }
 
 /// The pixels a decoded cache may keep for `bytes`: `Some` with the size
@@ -93,13 +165,13 @@ pub(crate) fn decode_for_cache(
 
 /// The whole image by wick's own JPEG decoder, or `None` where it declines.
 fn own_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
-    let whole = |w, h| crate::jpeg::Window {
+    let whole = |w, h| Window {
         x0: 0,
         y0: 0,
         x1: w,
         y1: h,
     };
-    JPEG.with(|s| crate::jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole))
+    JPEG.with(|s| jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole))
         .map(|win| (win.width(), win.height()))
 }
 

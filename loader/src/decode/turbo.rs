@@ -8,8 +8,8 @@
 //! corrupt file) returns `None`, and the caller decodes with zune-jpeg,
 //! which gives the error that names the file.
 
-use crate::decode::MAX_ALLOC;
-use crate::resize::Crop;
+use crate::decode::limits::MAX_ALLOC;
+use crate::transform::resize::Crop;
 use std::cell::RefCell;
 use turbojpeg_sys as tj;
 
@@ -171,7 +171,8 @@ fn decode_with(
 #[cfg(test)]
 mod tests {
     use crate::decode::decode_rgb_into;
-    use crate::transform::{ImageTransform, Output, Slot, Transforms};
+    use crate::layout::{Output, Slot};
+    use crate::transform::{ImageTransform, Transforms};
     use image::{ImageFormat, Rgb, RgbImage};
 
     fn jpeg(w: u32, h: u32) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //! header of each scan.
 
 use super::huffman::Table;
-use crate::decode::MAX_SIDE;
+use crate::decode::limits::MAX_SIDE;
 
 #[derive(Clone, Copy, Default)]
 pub(super) struct Component {

@@ -53,14 +53,7 @@ impl<'a> View<'a> {
     }
 }
 
-/// A source box in pixels, fractional (the eval path's scaled centre crop).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Crop {
-    pub(crate) left: f64,
-    pub(crate) top: f64,
-    pub(crate) width: f64,
-    pub(crate) height: f64,
-}
+pub(crate) use crate::geometry::Crop;
 
 /// One axis's filter: output `i` reads `taps` samples from `start[i]` with
 /// weights `weights[i * taps..][..taps]` (fixed point, `precision` bits).

@@ -11,7 +11,10 @@
 //! past because the consumer waited. Windows are at least 8 batches and
 //! 0.2 s, and run across epochs. Explicit settings are left alone.
 
+mod budget;
+
 use crate::stats::{Counters, INPUT_BOUND_SHARE};
+pub(crate) use budget::{default_budget, Budget};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -107,49 +110,8 @@ pub(crate) struct Knobs {
     pub(crate) prefetch: AtomicUsize,
     /// Upper bound of the pool's threads.
     pub(crate) max_workers: usize,
-    pub(crate) batch_bytes: u64,
-    /// Host buffers are page-locked (CUDA): kept for the loader's life, and
-    /// prefetched or held batches live in device memory, not host RAM.
-    pub(crate) pinned: bool,
-    /// The most batches in flight so far: with `pinned`, the buffers held.
-    pub(crate) in_flight_high: AtomicUsize,
-    pub(crate) budget: u64,
-    /// The active workers' decode scratch.
-    pub(crate) scratch: crate::transform::ScratchPool,
-}
-
-impl Knobs {
-    /// Host bytes held with these settings: the batches being filled, the
-    /// ones prefetched, one being uploaded and one the consumer holds, the
-    /// workers' decode scratch, and the cache. With pinned buffers: every
-    /// buffer allocated so far (none is freed), and no prefetched batch
-    /// (those are on the device).
-    pub(crate) fn memory(
-        &self,
-        in_flight: usize,
-        prefetch: usize,
-        workers: usize,
-        cache: u64,
-    ) -> u64 {
-        let scratch = self.scratch.memory(workers);
-        let batches = if self.pinned {
-            in_flight.max(self.in_flight_high.load(Relaxed))
-        } else {
-            in_flight + prefetch + 2
-        };
-        batches as u64 * self.batch_bytes + scratch + cache
-    }
-
-    /// Whether the settings fit the budget.
-    pub(crate) fn fits(
-        &self,
-        in_flight: usize,
-        prefetch: usize,
-        workers: usize,
-        cache: u64,
-    ) -> bool {
-        self.memory(in_flight, prefetch, workers, cache) <= self.budget
-    }
+    /// What the settings cost in host memory, and the limit.
+    pub(crate) budget: Budget,
 }
 
 /// One AUTOTUNE decision, for [`crate::Loader::autotune_history`].
@@ -247,7 +209,7 @@ impl Tuner {
                 knobs.in_flight.load(Relaxed),
                 knobs.prefetch.load(Relaxed),
             );
-            c.set_memory(knobs.memory(f, p, w, cache));
+            c.set_memory(knobs.budget.memory(f, p, w, cache));
         };
         memory(counters);
         if !self.enabled() {
@@ -279,7 +241,7 @@ impl Tuner {
             }
             Knob::InFlight => {
                 knobs.in_flight.store(v, Relaxed);
-                knobs.in_flight_high.fetch_max(v, Relaxed);
+                knobs.budget.in_flight_high.fetch_max(v, Relaxed);
                 set_in_flight(v);
             }
             Knob::Prefetch => knobs.prefetch.store(v, Relaxed),
@@ -317,15 +279,15 @@ impl Tuner {
                     self.auto.workers
                         && w < knobs.max_workers
                         && !counters.upload_bound(w)
-                        && knobs.fits(f, p, w + 1, cache),
+                        && knobs.budget.fits(f, p, w + 1, cache),
                 ),
                 (
                     Knob::InFlight,
-                    self.auto.in_flight && f < MAX_QUEUE && knobs.fits(f + 1, p, w, cache),
+                    self.auto.in_flight && f < MAX_QUEUE && knobs.budget.fits(f + 1, p, w, cache),
                 ),
                 (
                     Knob::Prefetch,
-                    self.auto.prefetch && p < MAX_QUEUE && knobs.fits(f, p + 1, w, cache),
+                    self.auto.prefetch && p < MAX_QUEUE && knobs.budget.fits(f, p + 1, w, cache),
                 ),
             ]
             .into_iter()
@@ -368,47 +330,10 @@ impl Tuner {
     }
 }
 
-/// The default RAM budget: a quarter of the memory available now
-/// (`MemAvailable`), or 4 GiB where that is not known.
-pub(crate) fn default_budget() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(4 << 30, |kb| kb * 1024 / 4)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
-
-    #[test]
-    fn pinned_buffers_count_while_held_and_prefetch_does_not() {
-        let knobs = |pinned| Knobs {
-            gate: Gate::new(1),
-            in_flight: 2.into(),
-            prefetch: 1.into(),
-            max_workers: 1,
-            batch_bytes: 1000,
-            pinned,
-            in_flight_high: 2.into(),
-            budget: 4000,
-            scratch: Default::default(),
-        };
-        let scratch = 0;
-        let host = knobs(false);
-        assert_eq!(host.memory(2, 1, 1, 0), 5000 + scratch);
-        let cuda = knobs(true);
-        // Prefetched batches are on the device; the pinned buffers held are
-        // the most ever in flight, since none is freed.
-        assert_eq!(cuda.memory(2, 3, 1, 0), 2000 + scratch);
-        cuda.in_flight_high.fetch_max(4, Relaxed);
-        assert_eq!(cuda.memory(2, 3, 1, 0), 4000 + scratch);
-        assert_eq!(cuda.memory(5, 3, 1, 0), 5000 + scratch);
-    }
 
     #[test]
     fn gate_admits_at_most_its_limit() {

@@ -24,27 +24,11 @@ mod idct;
 mod markers;
 mod progressive;
 
-use crate::decode::MAX_ALLOC;
+use crate::decode::limits::MAX_ALLOC;
 use huffman::{Bits, Table};
 use markers::{Header, Scan};
 
-/// A window of image pixels: columns `x0..x1`, rows `y0..y1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub(crate) x0: usize,
-    pub(crate) y0: usize,
-    pub(crate) x1: usize,
-    pub(crate) y1: usize,
-}
-
-impl Window {
-    pub(crate) fn width(&self) -> usize {
-        self.x1 - self.x0
-    }
-    pub(crate) fn height(&self) -> usize {
-        self.y1 - self.y0
-    }
-}
+pub(crate) use crate::geometry::Window;
 
 /// Per-thread decoder state, reused across images.
 pub(crate) struct Scratch {
@@ -546,14 +530,14 @@ mod tests {
                     #[cfg(feature = "turbojpeg")]
                     {
                         let mut turbo = Vec::new();
-                        let crop = crate::resize::Crop {
+                        let crop = crate::transform::resize::Crop {
                             left: 0.0,
                             top: 0.0,
                             width: w as f64,
                             height: h as f64,
                         };
                         let all = |_, _| (crop, false);
-                        let r = crate::decode_turbo::decode_region(&jpeg, &mut turbo, (w, h), all);
+                        let r = crate::decode::turbo::decode_region(&jpeg, &mut turbo, (w, h), all);
                         assert_eq!(r.map(|r| (r.width, r.height)), Some((w, h)), "{label}");
                         let n = w * h * 3;
                         let d = ours[..n]

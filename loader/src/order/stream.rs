@@ -13,8 +13,8 @@
 //! read from the shards are checked against it.
 
 use crate::error::{Error, Result};
+use crate::order::sampler::Plan;
 use crate::rng::{keyed_rng, Purpose};
-use crate::sampler::Plan;
 use crate::source::{Record, ShardInfo, Source};
 use rand::seq::SliceRandom;
 use rand::Rng;

@@ -1,0 +1,43 @@
+//! Pixel boxes shared by the decoders and the transforms: the crop a
+//! transform asks for, and the window of pixels a decoder produces (a leaf,
+//! so neither depends on the other).
+
+/// A source box in pixels, fractional (the eval path's scaled centre crop).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Crop {
+    pub(crate) left: f64,
+    pub(crate) top: f64,
+    pub(crate) width: f64,
+    pub(crate) height: f64,
+}
+
+/// A window of image pixels: columns `x0..x1`, rows `y0..y1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) x0: usize,
+    pub(crate) y0: usize,
+    pub(crate) x1: usize,
+    pub(crate) y1: usize,
+}
+
+impl Window {
+    pub(crate) fn width(&self) -> usize {
+        self.x1 - self.x0
+    }
+    pub(crate) fn height(&self) -> usize {
+        self.y1 - self.y0
+    }
+}
+
+/// `crop` relative to the window `win` holding it; one expression for every
+/// path, so a window decode and a full decode resample alike.
+pub(crate) fn relative(crop: Crop, win: &Window) -> Crop {
+    let left = crop.left - win.x0 as f64;
+    let top = crop.top - win.y0 as f64;
+    Crop {
+        left,
+        top,
+        width: crop.width.min(win.width() as f64 - left),
+        height: crop.height.min(win.height() as f64 - top),
+    }
+}

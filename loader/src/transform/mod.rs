@@ -1,0 +1,442 @@
+//! Crop, resize, flip, layout and normalize, written straight into a batch slot.
+
+mod crop;
+pub(crate) mod resize;
+mod scratch;
+mod write;
+
+use scratch::SCRATCH;
+pub(crate) use scratch::{Scratch, ScratchPool};
+
+use crate::decode::Decoded;
+use crate::error::{Error, Result};
+use crate::geometry::relative;
+use crate::layout::{normalize_coefficients, Output, Slot};
+use crate::stats::SampleTimes;
+use crate::transform::resize::{Crop, Resampler, View};
+use std::time::Instant;
+
+/// The geometric transforms applied to every decoded image.
+///
+/// Resizing uses an antialiased bilinear (triangle) filter whose support
+/// grows with the downscale factor, as PIL and torchvision (`antialias=True`)
+/// do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transforms {
+    /// Evaluation: resize the shorter side to `resize`, then take the
+    /// centre `image_size` crop (torchvision `Resize(resize)` +
+    /// `CenterCrop(size)`). Deterministic.
+    ResizeCenterCrop {
+        /// Length of the shorter side after resizing; at least the crop size.
+        resize: usize,
+    },
+    /// Training: torchvision's `RandomResizedCrop(size, scale, ratio)`
+    /// followed, if `flip`, by `RandomHorizontalFlip(0.5)`.
+    RandomResizedCrop {
+        /// Range of the crop's area as a fraction of the image's area.
+        scale: (f64, f64),
+        /// Range of the crop's aspect ratio (width / height).
+        ratio: (f64, f64),
+        /// Flip horizontally with probability 0.5.
+        flip: bool,
+    },
+}
+
+impl Transforms {
+    /// torchvision's training recipe: `RandomResizedCrop(scale=(0.08, 1),
+    /// ratio=(3/4, 4/3))` and a random horizontal flip.
+    pub fn train() -> Self {
+        Transforms::RandomResizedCrop {
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip: true,
+        }
+    }
+
+    /// torchvision's evaluation recipe for crop size `size`: resize the
+    /// shorter side to `round(size / 0.875)` (256 for 224), centre crop.
+    pub fn eval(size: usize) -> Self {
+        Transforms::ResizeCenterCrop {
+            resize: (size as f64 / 0.875).round() as usize,
+        }
+    }
+}
+
+/// The per-sample function of a loader: decode, transform, write into a slot.
+///
+/// It is what the decode workers run; it is public so benchmarks and tools
+/// can run the exact same code outside the pipeline.
+#[derive(Debug, Clone)]
+pub struct ImageTransform {
+    transforms: Transforms,
+    output: Output,
+    height: usize,
+    width: usize,
+    seed: u64,
+    /// `lut[c][v]` = normalized value of byte `v` in channel `c`:
+    /// `v * scale[c] + bias[c]` with one rounding (a fused multiply-add),
+    /// so the table and the vector path give the same floats.
+    lut: Box<[[f32; 256]; 3]>,
+    /// `1 / (255 std[c])`.
+    scale: [f32; 3],
+    /// `-mean[c] / std[c]`.
+    bias: [f32; 3],
+}
+
+impl ImageTransform {
+    /// A transform producing `height x width` images.
+    pub fn new(
+        transforms: Transforms,
+        output: Output,
+        height: usize,
+        width: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if height == 0 || width == 0 {
+            return Err(Error::InvalidConfig("image_size must be at least 1".into()));
+        }
+        match transforms {
+            Transforms::ResizeCenterCrop { resize } if resize < height.max(width) => {
+                return Err(Error::InvalidConfig(format!(
+                    "eval resize {resize} is smaller than the crop {height}x{width}"
+                )));
+            }
+            Transforms::RandomResizedCrop { scale, ratio, .. }
+                if !(scale.0 > 0.0
+                    && scale.0 <= scale.1
+                    && ratio.0 > 0.0
+                    && ratio.0 <= ratio.1) =>
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "random resized crop needs 0 < scale.0 <= scale.1 and 0 < ratio.0 <= ratio.1, \
+                     got scale {scale:?} ratio {ratio:?}"
+                )));
+            }
+            _ => {}
+        }
+        let mut lut = Box::new([[0f32; 256]; 3]);
+        let (mut scale, mut bias) = ([0f32; 3], [0f32; 3]);
+        if let Output::F32Nchw { mean, std } = output {
+            if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+                return Err(Error::InvalidConfig(format!(
+                    "normalize std must be non-zero, got {std:?}"
+                )));
+            }
+            (scale, bias) = normalize_coefficients(mean, std);
+            for c in 0..3 {
+                for v in 0..256 {
+                    lut[c][v] = (v as f32).mul_add(scale[c], bias[c]);
+                }
+            }
+        }
+        Ok(Self {
+            transforms,
+            output,
+            height,
+            width,
+            seed,
+            lut,
+            scale,
+            bias,
+        })
+    }
+
+    /// The seed of the augmentation draws.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Output height and width.
+    pub fn size(&self) -> (usize, usize) {
+        (self.height, self.width)
+    }
+
+    /// The output format.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// The geometric transforms.
+    pub fn transforms(&self) -> Transforms {
+        self.transforms
+    }
+
+    /// Elements (bytes or floats) in one sample's slot.
+    pub fn slot_len(&self) -> usize {
+        self.height * self.width * 3
+    }
+
+    /// Decodes `bytes` and writes the transformed image of sample `index` in
+    /// `epoch` into `slot`. The random draws come from `(seed, epoch, index)`
+    /// only. Errors name `key`.
+    pub fn apply(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<SampleTimes> {
+        SCRATCH.with(|cell| {
+            let scratch = &mut *cell.borrow_mut();
+            self.apply_with(scratch, key, bytes, epoch, index, slot)
+        })
+    }
+
+    /// [`apply`](Self::apply) with the given scratch.
+    pub(crate) fn apply_with(
+        &self,
+        scratch: &mut Scratch,
+        key: &str,
+        bytes: &[u8],
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<SampleTimes> {
+        let Scratch {
+            resampler,
+            decoded,
+            resized,
+            jpeg,
+            ..
+        } = scratch;
+        let t0 = Instant::now();
+        let plan = |w, h| {
+            let (crop, flip) = self.params(w, h, epoch, index);
+            (crop, flip, self.window(crop, w, h))
+        };
+        let out_size = (self.width, self.height);
+        let got = crate::decode::decode_for_crop(key, bytes, jpeg, decoded, out_size, plan)?;
+        let t1 = Instant::now();
+        let (width, height) = match got {
+            Decoded::Window {
+                width,
+                height,
+                crop,
+                flip,
+            } => {
+                let src = View::whole(decoded, width, height);
+                self.resample(resampler, resized, key, src, crop, flip, slot)?;
+                (width, height)
+            }
+            Decoded::Whole { width, height } => {
+                let wh = (width, height);
+                self.resample_full(resampler, resized, key, decoded, wh, (epoch, index), slot)?;
+                (width, height)
+            }
+        };
+        Ok(SampleTimes {
+            decode: t1 - t0,
+            transform: t1.elapsed(),
+            decoded_bytes: (width * height * 3) as u64,
+        })
+    }
+
+    /// Transforms already-decoded packed RGB8 pixels (`width x height`) of
+    /// sample `index` into `slot`: the same crop, resize, flip and
+    /// normalization as [`apply`](Self::apply), without the decode.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_decoded(
+        &self,
+        key: &str,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        SCRATCH.with(|cell| {
+            let scratch = &mut *cell.borrow_mut();
+            self.apply_decoded_with(scratch, key, rgb, (width, height), epoch, index, slot)
+        })
+    }
+
+    /// [`apply_decoded`](Self::apply_decoded) with the given scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_decoded_with(
+        &self,
+        scratch: &mut Scratch,
+        key: &str,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        epoch: u64,
+        index: usize,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        if width == 0 || height == 0 || rgb.len() < width * height * 3 {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "{} bytes do not hold a {width}x{height} RGB image",
+                    rgb.len()
+                ),
+            });
+        }
+        let Scratch {
+            resampler, resized, ..
+        } = scratch;
+        let wh = (width, height);
+        self.resample_full(resampler, resized, key, rgb, wh, (epoch, index), slot)
+    }
+
+    /// Resamples sample `index` of `epoch` from a whole decoded image through
+    /// the same window as the window decoder would have decoded, so both
+    /// paths give bit-identical output.
+    #[allow(clippy::too_many_arguments)]
+    fn resample_full(
+        &self,
+        resampler: &mut Resampler,
+        resized: &mut Vec<u8>,
+        key: &str,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        (epoch, index): (u64, usize),
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        let (crop, flip) = self.params(width, height, epoch, index);
+        let win = self.window(crop, width, height);
+        let src = View {
+            x0: win.x0,
+            y0: win.y0,
+            width: win.width(),
+            height: win.height(),
+            ..View::whole(rgb, width, height)
+        };
+        let crop = relative(crop, &win);
+        self.resample(resampler, resized, key, src, crop, flip, slot)
+    }
+
+    /// Resizes `crop` (relative to the window of `src`), flips and writes.
+    #[allow(clippy::too_many_arguments)]
+    fn resample(
+        &self,
+        resampler: &mut Resampler,
+        resized: &mut Vec<u8>,
+        key: &str,
+        src: View<'_>,
+        crop: Crop,
+        flip: bool,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        let len = match &slot {
+            Slot::U8(s) => s.len(),
+            Slot::F32(s) => s.len(),
+        };
+        let kind_ok = matches!(
+            (&slot, self.output),
+            (Slot::U8(_), Output::U8Nhwc) | (Slot::F32(_), Output::F32Nchw { .. })
+        );
+        if len != self.slot_len() || !kind_ok {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "slot of {len} elements does not match the output {:?} of {} elements",
+                    self.output,
+                    self.slot_len()
+                ),
+            });
+        }
+        if !src.fits() {
+            return Err(Error::Transform {
+                key: key.into(),
+                reason: format!(
+                    "{} bytes do not hold the {}x{} window at ({}, {})",
+                    src.rgb.len(),
+                    src.width,
+                    src.height,
+                    src.x0,
+                    src.y0
+                ),
+            });
+        }
+        let (ow, oh) = (self.width, self.height);
+        let exact = crop.width == ow as f64
+            && crop.height == oh as f64
+            && crop.left.fract() == 0.0
+            && crop.top.fract() == 0.0;
+        if exact {
+            // No resampling needed: read the crop straight from the pixels.
+            let at = src.row(crop.top as usize) + crop.left as usize * 3;
+            self.write(&src.rgb[at..], src.stride, flip, slot);
+        } else if let Slot::U8(out) = slot {
+            // u8 HWC is the resampler's own layout: resize straight into the slot.
+            resampler.resize(&src, crop, (ow, oh), flip, out);
+        } else {
+            resized.resize(ow * oh * 3, 0);
+            resampler.resize(&src, crop, (ow, oh), flip, resized);
+            self.write(resized, ow * 3, false, slot);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_of_the_wrong_size_or_type_is_an_error() {
+        let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 8, 8, 0).unwrap();
+        let px = vec![0u8; 16 * 16 * 3];
+        let mut small = vec![0u8; 10];
+        assert!(t
+            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::U8(&mut small))
+            .is_err());
+        let mut floats = vec![0f32; t.slot_len()];
+        assert!(t
+            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::F32(&mut floats))
+            .is_err());
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected() {
+        let t = |tr, o| ImageTransform::new(tr, o, 32, 32, 0);
+        assert!(t(Transforms::ResizeCenterCrop { resize: 16 }, Output::U8Nhwc).is_err());
+        assert!(t(
+            Transforms::RandomResizedCrop {
+                scale: (0.0, 1.0),
+                ratio: (1.0, 1.0),
+                flip: false
+            },
+            Output::U8Nhwc
+        )
+        .is_err());
+        let bad = Output::F32Nchw {
+            mean: [0.0; 3],
+            std: [1.0, 0.0, 1.0],
+        };
+        assert!(t(Transforms::eval(32), bad).is_err());
+    }
+
+    /// (With `turbojpeg`, libjpeg-turbo takes these JPEGs instead.)
+    #[cfg(not(feature = "turbojpeg"))]
+    #[test]
+    fn window_decode_gives_the_full_decode_output() {
+        // A 4:2:0 baseline JPEG (image's encoder): `apply` decodes only the
+        // crop's window; `apply_decoded` resizes the full decode.
+        let (w, h) = (403u32, 354u32);
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            let v = ((x as f32 / 9.0).sin() * 60.0 + (y as f32 / 7.0).cos() * 60.0) as i32;
+            image::Rgb([(128 + v) as u8, (x % 256) as u8, (y * 3 % 256) as u8])
+        });
+        let mut jpeg = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+        let jpeg = jpeg.into_inner();
+        let mut full = Vec::new();
+        let wh = crate::decode::decode_rgb_into("t", &jpeg, &mut full).unwrap();
+        let mut windows = 0;
+        for (transforms, size) in [(Transforms::train(), 96), (Transforms::eval(224), 224)] {
+            let t = ImageTransform::new(transforms, Output::U8Nhwc, size, size, 5).unwrap();
+            for index in 0..12 {
+                let mut a = vec![0u8; t.slot_len()];
+                let times = t.apply("t", &jpeg, 0, index, Slot::U8(&mut a)).unwrap();
+                windows += usize::from(times.decoded_bytes < (w * h * 3) as u64);
+                let mut b = vec![0u8; t.slot_len()];
+                t.apply_decoded("t", &full[..], wh, 0, index, Slot::U8(&mut b))
+                    .unwrap();
+                assert!(a == b, "{transforms:?} sample {index} differs");
+            }
+        }
+        assert!(windows >= 12, "only {windows} samples decoded a window");
+    }
+}
