@@ -10,12 +10,20 @@
 //! - overhead: loader (2 workers) / bare rayon `par_iter` on 2 threads with
 //!   one reused slot per thread, and / the same into fresh batch buffers;
 //! - efficiency: loader with 2 workers / twice the loader with 1.
+//!
+//! `WICK_BENCH_QUICK=1` (what CI runs) takes 120 images and 3 rounds: a
+//! throughput line per change in seconds, too short for the 95% claim.
 
 use candle_wick::{ImageFolder, ImageTransform};
 use std::time::Instant;
 
-const COUNT: usize = 500;
-const ROUNDS: usize = 15;
+/// Images and rounds: the full run, or CI's quick one.
+fn size() -> (usize, usize) {
+    match std::env::var_os("WICK_BENCH_QUICK") {
+        Some(_) => (120, 3),
+        None => (500, 15),
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -23,7 +31,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let dir = benches::imagenet_like(&benches::data_root(), COUNT).expect("bench dataset");
+    let (count, rounds) = size();
+    let dir = benches::imagenet_like(&benches::data_root(), count).expect("bench dataset");
     let mut one = benches::rrc_u8_loader(&dir, 1);
     let mut two = benches::rrc_u8_loader(&dir, 2);
     let source = ImageFolder::new(&dir).expect("bench folder");
@@ -40,7 +49,7 @@ fn main() {
     ];
     // Images per second of each configuration, per round.
     let mut rates = vec![Vec::new(); names.len()];
-    for round in 0..=ROUNDS {
+    for round in 0..=rounds {
         let epoch = round as u64;
         let mut this = [0f64; 4];
         for k in 0..names.len() {
@@ -50,14 +59,14 @@ fn main() {
                 0 | 1 => {
                     let l = if which == 0 { &mut one } else { &mut two };
                     let n: usize = l.epoch(epoch).map(|b| b.expect("batch").len()).sum();
-                    assert_eq!(n, COUNT);
+                    assert_eq!(n, count);
                 }
                 2 => benches::bare_par_iter(&pool, &source, &transform, epoch),
                 _ => drop(benches::bare_par_iter_into_batches(
                     &pool, &source, &transform, epoch,
                 )),
             }
-            this[which] = COUNT as f64 / t.elapsed().as_secs_f64();
+            this[which] = count as f64 / t.elapsed().as_secs_f64();
         }
         // Round 0 warms caches, pools and the loaders' autotuning state.
         if round > 0 {
@@ -66,7 +75,7 @@ fn main() {
             }
         }
     }
-    println!("{ROUNDS} alternating rounds of one epoch ({COUNT} images) each; medians:");
+    println!("{rounds} alternating rounds of one epoch ({count} images) each; medians:");
     for (name, r) in names.iter().zip(&rates) {
         println!("  {name:<28} {:>6.0} images/s", median(r.clone()));
     }

@@ -9,7 +9,7 @@
 //! which gives the error that names the file.
 
 use crate::decode::limits::MAX_ALLOC;
-use crate::transform::resize::Crop;
+use crate::geometry::Crop;
 use std::cell::RefCell;
 use turbojpeg_sys as tj;
 

@@ -530,7 +530,7 @@ mod tests {
                     #[cfg(feature = "turbojpeg")]
                     {
                         let mut turbo = Vec::new();
-                        let crop = crate::transform::resize::Crop {
+                        let crop = crate::geometry::Crop {
                             left: 0.0,
                             top: 0.0,
                             width: w as f64,
