@@ -69,7 +69,6 @@
 #![deny(missing_docs)]
 
 mod cache;
-mod convert;
 mod decode;
 mod device;
 mod error;
@@ -83,9 +82,9 @@ mod source;
 mod stats;
 mod transform;
 mod tune;
+pub mod write;
 
 pub use cache::CacheMode;
-pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use decode::{decode_rgb_into, JPEG_DECODER};
 pub use device::NormalizeAt;
 pub use error::{error_chain, Error, Result};
@@ -94,9 +93,9 @@ pub use order::sampler::Sampler;
 pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use source::{
-    shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record, RecordStream,
-    SafetensorsShards, SafetensorsWriter, ShardInfo, ShardOptions, Source, TfRecord,
-    TfRecordOptions, TfRecordWriter, WebDataset, WebDatasetOptions, WebDatasetWriter,
+    open_path, shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record,
+    RecordStream, SafetensorsShards, ShardInfo, ShardOptions, Source, TfRecord, TfRecordOptions,
+    WebDataset, WebDatasetOptions,
 };
 pub use stats::trace::Trace;
 pub use stats::SampleTimes;

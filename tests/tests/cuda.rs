@@ -17,9 +17,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_wick::__test::Guard;
+use candle_wick::write::{SafetensorsWriter, ShardSample, ShardWriter};
 use candle_wick::{
     BadSamples, ImageFolder, Loader, LoaderBuilder, NormalizeAt, Output, SafetensorsShards,
-    SafetensorsWriter,
 };
 use std::path::Path;
 use tests::image_folder;
@@ -157,7 +157,7 @@ fn every_output_on_both_device_kinds_equals_the_cpu_bit_for_bit() {
 /// batches come as fast as memory copies and the copies are long).
 fn pixel_shard(dir: &Path, n: usize, size: usize) -> SafetensorsShards {
     let path = dir.join("pixels.safetensors");
-    let mut w = SafetensorsWriter::pixels(&path, size, size);
+    let mut w = SafetensorsWriter::create_pixels(&path, size, size).unwrap();
     let mut x = 0x9e37_79b9_u32;
     let mut img = vec![0u8; size * size * 3];
     for i in 0..n {
@@ -167,7 +167,13 @@ fn pixel_shard(dir: &Path, n: usize, size: usize) -> SafetensorsShards {
             x ^= x << 5;
             *p = (x >> 24) as u8;
         }
-        w.push(&img, (i % 1000) as u32).unwrap();
+        let sample = ShardSample {
+            key: "",
+            ext: "rgb",
+            bytes: &img,
+            label: (i % 1000) as u32,
+        };
+        w.write(sample).unwrap();
     }
     w.finish().unwrap();
     SafetensorsShards::open([path]).unwrap()

@@ -285,36 +285,17 @@ fn survive(path: &Path, open: &dyn Fn(&Path) -> candle_wick::Result<Box<dyn Sour
 #[test]
 #[cfg(unix)]
 fn every_flip_and_truncation_is_survived() {
-    type Open = Box<dyn Fn(&Path) -> candle_wick::Result<Box<dyn Source>>>;
-    let formats: Vec<(&str, usize, Open)> = vec![
-        (
-            "tf-00001-of-00002.tfrecord",
-            1,
-            Box::new(|p| Ok(Box::new(TfRecord::open([p])?))),
-        ),
-        (
-            "tf-gzip.tfrecord.gz",
-            7,
-            Box::new(|p| Ok(Box::new(TfRecord::open([p])?))),
-        ),
-        (
-            "wds-000001.tar",
-            5,
-            Box::new(|p| Ok(Box::new(WebDataset::open([p])?))),
-        ),
-        (
-            "st-encoded.safetensors",
-            3,
-            Box::new(|p| Ok(Box::new(SafetensorsShards::open([p])?))),
-        ),
-        (
-            "st-pixels.safetensors",
-            3,
-            Box::new(|p| Ok(Box::new(SafetensorsShards::open([p])?))),
-        ),
+    // Each opened by its name, as `wick` opens a path.
+    let formats = [
+        ("tf-00001-of-00002.tfrecord", 1),
+        ("tf-gzip.tfrecord.gz", 7),
+        ("wds-000001.tar", 5),
+        ("st-encoded.safetensors", 3),
+        ("st-pixels.safetensors", 3),
     ];
     let dir = tempfile::tempdir().unwrap();
-    for (name, step, open) in formats {
+    let open = |p: &Path| candle_wick::open_path(p);
+    for (name, step) in formats {
         let good = std::fs::read(fixture(name)).unwrap();
         let path = dir.path().join(name);
         std::fs::write(&path, &good).unwrap();

@@ -3,9 +3,10 @@
 //! shards across ranks; and `convert` writes shards that read back as the
 //! source they came from.
 
+use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use candle_wick::{
-    convert, decode_rgb_into, ConvertOptions, ImageFolder, Loader, Output, SafetensorsShards,
-    ShardFormat, Source, TfRecord, Transforms, WebDataset,
+    decode_rgb_into, ImageFolder, Loader, Output, SafetensorsShards, Source, TfRecord, Transforms,
+    WebDataset,
 };
 use std::path::Path;
 

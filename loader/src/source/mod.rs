@@ -3,19 +3,21 @@
 mod folder;
 mod list;
 mod memory;
+mod open;
 mod shards;
 mod tensors;
-mod tfrecord;
+pub(crate) mod tfrecord;
 mod webdataset;
 
 pub use folder::ImageFolder;
 pub use list::FileList;
 pub use memory::MemorySource;
+pub use open::open_path;
 pub(crate) use shards::read_exact_at;
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
-pub use tensors::{SafetensorsShards, SafetensorsWriter};
-pub use tfrecord::{Compression, TfRecord, TfRecordOptions, TfRecordWriter};
-pub use webdataset::{WebDataset, WebDatasetOptions, WebDatasetWriter};
+pub use tensors::SafetensorsShards;
+pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
+pub use webdataset::{WebDataset, WebDatasetOptions};
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};

@@ -14,9 +14,9 @@ use super::shards::{open_shard, shard_error, ShardSet};
 use super::{Damage, Record, ShardInfo, Source};
 use crate::error::{Error, Result};
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, TensorInfo, TensorView};
+use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[derive(Debug)]
 enum Layout {
@@ -254,93 +254,5 @@ impl Source for SafetensorsShards {
 
     fn damage(&self) -> &[Damage] {
         &self.set.damage
-    }
-}
-
-/// Writes one safetensors shard in either layout of [`SafetensorsShards`].
-/// Samples are gathered in memory and written by [`Self::finish`].
-#[derive(Debug)]
-pub struct SafetensorsWriter {
-    path: PathBuf,
-    /// `Some((height, width))` for pre-resized pixels.
-    pixels: Option<(usize, usize)>,
-    data: Vec<u8>,
-    offsets: Vec<i64>,
-    labels: Vec<i64>,
-}
-
-impl SafetensorsWriter {
-    /// A shard of pre-resized RGB u8 images, all `height x width`.
-    pub fn pixels(path: impl AsRef<Path>, height: usize, width: usize) -> Self {
-        Self {
-            path: path.as_ref().to_path_buf(),
-            pixels: Some((height, width)),
-            data: Vec::new(),
-            offsets: vec![0],
-            labels: Vec::new(),
-        }
-    }
-
-    /// A shard of encoded images (`encoded` + `offsets`).
-    pub fn encoded(path: impl AsRef<Path>) -> Self {
-        Self {
-            pixels: None,
-            ..Self::pixels(path, 0, 0)
-        }
-    }
-
-    /// Adds a sample: the encoded file, or `height * width * 3` pixels.
-    pub fn push(&mut self, bytes: &[u8], label: u32) -> Result<()> {
-        if let Some((h, w)) = self.pixels {
-            if bytes.len() != h * w * 3 {
-                return Err(Error::InvalidConfig(format!(
-                    "a {h}x{w} RGB sample has {} bytes, got {}",
-                    h * w * 3,
-                    bytes.len()
-                )));
-            }
-        }
-        self.data.extend_from_slice(bytes);
-        self.offsets.push(self.data.len() as i64);
-        self.labels.push(label.into());
-        Ok(())
-    }
-
-    /// Samples added so far.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// Whether no sample was added.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-
-    /// Writes the shard file.
-    pub fn finish(self) -> Result<()> {
-        let n = self.labels.len();
-        let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let (labels, offsets) = (le(&self.labels), le(&self.offsets));
-        fn view(dtype: Dtype, shape: Vec<usize>, data: &[u8]) -> Result<TensorView<'_>> {
-            TensorView::new(dtype, shape, data)
-                .map_err(|e| Error::InvalidConfig(format!("safetensors: {e}")))
-        }
-        let mut tensors = vec![("labels", view(Dtype::I64, vec![n], &labels)?)];
-        match self.pixels {
-            Some((h, w)) => {
-                tensors.push(("images", view(Dtype::U8, vec![n, h, w, 3], &self.data)?))
-            }
-            None => {
-                tensors.push((
-                    "encoded",
-                    view(Dtype::U8, vec![self.data.len()], &self.data)?,
-                ));
-                tensors.push(("offsets", view(Dtype::I64, vec![n + 1], &offsets)?));
-            }
-        }
-        safetensors::serialize_to_file(tensors, None, &self.path).map_err(|e| Error::Io {
-            path: self.path.clone(),
-            source: std::io::Error::other(e.to_string()),
-        })
     }
 }

@@ -6,7 +6,7 @@ use super::shards::{open_shard, shard_error, ShardOptions, ShardSet};
 use super::{read_exact_at, Damage, Record, ShardInfo, Source, IMAGE_EXTENSIONS};
 use crate::error::{Error, Result};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Largest label file read (`.cls`, `.json`).
@@ -403,65 +403,6 @@ impl Source for WebDataset {
     }
 }
 
-/// Writes WebDataset tar shards: per sample `<key>.<ext>` with the image
-/// and `<key>.cls` with the label, readable by `webdataset.WebDataset`.
-pub struct WebDatasetWriter<W: Write> {
-    tar: tar::Builder<W>,
-}
-
-impl<W: Write> std::fmt::Debug for WebDatasetWriter<W> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WebDatasetWriter")
-    }
-}
-
-impl WebDatasetWriter<std::io::BufWriter<File>> {
-    /// Creates the file `path`.
-    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let file = File::create(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Self::new(std::io::BufWriter::new(file)))
-    }
-}
-
-impl<W: Write> WebDatasetWriter<W> {
-    /// Writes a tar archive to `out`.
-    pub fn new(out: W) -> Self {
-        Self {
-            tar: tar::Builder::new(out),
-        }
-    }
-
-    fn member(&mut self, name: &str, data: &[u8]) -> std::io::Result<()> {
-        let mut header = tar::Header::new_ustar();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_entry_type(tar::EntryType::Regular);
-        self.tar.append_data(&mut header, name, data)
-    }
-
-    /// Writes sample `key`: `key.ext` holding `image`, `key.cls` the label.
-    pub fn write_sample(
-        &mut self,
-        key: &str,
-        ext: &str,
-        image: &[u8],
-        label: u32,
-    ) -> std::io::Result<()> {
-        self.member(&format!("{key}.{ext}"), image)?;
-        self.member(&format!("{key}.cls"), label.to_string().as_bytes())
-    }
-
-    /// Writes the end-of-archive blocks and returns the writer.
-    pub fn finish(self) -> std::io::Result<W> {
-        self.tar.into_inner()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,12 +532,19 @@ mod tests {
 
     #[test]
     fn a_failing_disk_is_an_io_error_and_bad_bytes_are_damage() {
+        use crate::write::{ShardSample, ShardWriter, WebDatasetWriter};
         let mut w = WebDatasetWriter::new(Vec::new());
         for i in 0..6 {
-            w.write_sample(&format!("s{i}"), "png", &[7; 600], i)
-                .unwrap();
+            let (key, bytes) = (format!("s{i}"), [7; 600]);
+            let sample = ShardSample {
+                key: &key,
+                ext: "png",
+                bytes: &bytes,
+                label: i,
+            };
+            w.write(sample).unwrap();
         }
-        let tar = w.finish().unwrap();
+        let tar = w.into_inner().unwrap();
         let skip = WebDatasetOptions {
             shard: ShardOptions { skip_damaged: true },
             ..WebDatasetOptions::default()

@@ -1,10 +1,11 @@
 //! `wick convert`: any source to TFRecord, WebDataset tar or safetensors
 //! shards, optionally pre-resized (FFCV's `max_resolution`).
 
+use super::{SafetensorsWriter, ShardSample, ShardWriter, TfRecordWriter, WebDatasetWriter};
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
 use crate::layout::{Output, Slot};
-use crate::source::{SafetensorsWriter, Source, TfRecordWriter, WebDatasetWriter};
+use crate::source::Source;
 use crate::transform::resize::{Crop, Resampler, View};
 use crate::transform::{ImageTransform, Transforms};
 use rayon::prelude::*;
@@ -130,40 +131,32 @@ pub fn convert(
 }
 
 fn write_shard(path: &Path, format: ShardFormat, first: usize, records: &[Prepared]) -> Result<()> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     match format {
-        ShardFormat::TfRecord => {
-            let mut w = TfRecordWriter::create(path)?;
-            for r in records {
-                w.write_example(&r.bytes, r.label).map_err(io)?;
-            }
-            w.finish().map_err(io)?;
-        }
-        ShardFormat::WebDataset => {
-            let mut w = WebDatasetWriter::create(path)?;
-            for (i, r) in records.iter().enumerate() {
-                w.write_sample(&format!("{:09}", first + i), r.ext, &r.bytes, r.label)
-                    .map_err(io)?;
-            }
-            w.finish().map_err(io)?;
-        }
-        ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. } => {
-            let mut w = match format {
-                ShardFormat::SafetensorsPixels { size } => {
-                    SafetensorsWriter::pixels(path, size, size)
-                }
-                _ => SafetensorsWriter::encoded(path),
-            };
-            for r in records {
-                w.push(&r.bytes, r.label)?;
-            }
-            w.finish()?;
+        ShardFormat::TfRecord => fill(TfRecordWriter::create(path)?, first, records),
+        ShardFormat::WebDataset => fill(WebDatasetWriter::create(path)?, first, records),
+        ShardFormat::SafetensorsPixels { size } => fill(
+            SafetensorsWriter::create_pixels(path, size, size)?,
+            first,
+            records,
+        ),
+        ShardFormat::SafetensorsEncoded => {
+            fill(SafetensorsWriter::create_encoded(path)?, first, records)
         }
     }
-    Ok(())
+}
+
+/// Writes `records` (source indices from `first` on, which name them) and
+/// finishes the shard.
+fn fill(mut w: impl ShardWriter, first: usize, records: &[Prepared]) -> Result<()> {
+    for (i, r) in records.iter().enumerate() {
+        w.write(ShardSample {
+            key: &format!("{:09}", first + i),
+            ext: r.ext,
+            bytes: &r.bytes,
+            label: r.label,
+        })?;
+    }
+    w.finish()
 }
 
 /// The file extension of an encoded image, from its first bytes.

@@ -1,229 +1,157 @@
-//! `wick`: command-line tools for the candle-wick loader.
-//!
-//! `wick bench DATA` runs the loader over a dataset with no model attached
-//! and reports its throughput, per-stage times and peak memory.
-//! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
-//! safetensors shards.
-//!
-//! A dataset is an ImageFolder (a folder of class folders), a file list
-//! (`.csv`/`.tsv`), or shards: a `.tfrecord`/`.tfrecord.gz`, `.tar` or
-//! `.safetensors` file, or a folder of them.
+//! `wick bench`: the loader over a dataset with no model attached, its
+//! throughput, per-stage times and peak memory; `--sweep` for a table of
+//! fixed settings against AUTOTUNE.
 
-use candle_wick::{
-    convert, shard_paths, CacheMode, ConvertOptions, FileList, ImageFolder, Loader, Output,
-    SafetensorsShards, ShardFormat, Source, Stats, TfRecord, Transforms, WebDataset,
-};
-use clap::{Parser, Subcommand, ValueEnum};
+use candle_wick::{open_path, CacheMode, Loader, Output, Source, Stats, Transforms};
+use clap::ValueEnum;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "wick",
-    version,
-    about = "Tools for the candle-wick data loader"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Measure loader throughput over a dataset, with no model.
-    Bench(BenchArgs),
-    /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
-    Convert(ConvertArgs),
-}
-
 #[derive(clap::Args, Debug)]
-struct ConvertArgs {
-    /// The dataset to read (any format `wick bench` reads).
-    src: PathBuf,
-    /// Folder for the shards (created if missing).
-    dst: PathBuf,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = OutFormat::Tfrecord)]
-    format: OutFormat,
-    /// Records per shard.
-    #[arg(long, default_value_t = 1000)]
-    shard_size: usize,
-    /// Re-encode (JPEG) images whose longer side is over N, resized to N.
-    #[arg(long)]
-    max_side: Option<usize>,
-    /// Side of the square images of `--format safetensors-pixels` (shorter
-    /// side resized to it, centre square kept).
-    #[arg(long, default_value_t = 256)]
-    pixels_size: usize,
-    /// JPEG quality of re-encoded images.
-    #[arg(long, default_value_t = 90)]
-    quality: u8,
-    /// Shard file name prefix.
-    #[arg(long, default_value = "data")]
-    prefix: String,
-    /// Threads (0: all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug)]
-enum OutFormat {
-    /// TFRecord of tf.train.Example (image/encoded, image/class/label).
-    Tfrecord,
-    /// WebDataset tar (<key>.jpg + <key>.cls).
-    Wds,
-    /// safetensors: encoded images + offsets + labels.
-    Safetensors,
-    /// safetensors: pre-resized u8 pixels [N, S, S, 3] + labels.
-    SafetensorsPixels,
-}
-
-#[derive(clap::Args, Debug)]
-struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// An ImageFolder (`DIR/<class>/<image>`), a CSV/TSV file list, or
     /// TFRecord / WebDataset tar / safetensors shards (a file or a folder).
-    data: PathBuf,
+    pub(crate) data: PathBuf,
     /// Streaming mode: read shards sequentially, CYCLE at a time, BLOCK
     /// records from each in turn (tf.data interleave), as `CYCLE,BLOCK`.
     #[arg(long, value_parser = parse_pair)]
-    interleave: Option<(usize, usize)>,
+    pub(crate) interleave: Option<(usize, usize)>,
     /// Shuffle buffer of the streaming mode (records).
     #[arg(long)]
-    shuffle_buffer: Option<usize>,
+    pub(crate) shuffle_buffer: Option<usize>,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
-    batch_size: usize,
+    pub(crate) batch_size: usize,
     /// Output image side.
     #[arg(long, default_value_t = 224)]
-    image_size: usize,
+    pub(crate) image_size: usize,
     /// Decode workers (0: AUTOTUNE).
     #[arg(long, default_value_t = 0)]
-    workers: usize,
+    pub(crate) workers: usize,
     /// Batches prepared ahead of the consumer (0: AUTOTUNE).
     #[arg(long, default_value_t = 0)]
-    prefetch: usize,
+    pub(crate) prefetch: usize,
     /// Host batch buffers in flight (0: AUTOTUNE).
     #[arg(long, default_value_t = 0)]
-    in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Epochs to run; each is timed on its own.
     #[arg(long, default_value_t = 3)]
-    epochs: u64,
+    pub(crate) epochs: u64,
     /// `train`: RandomResizedCrop + flip; `eval`: resize + centre crop.
     #[arg(long, value_enum, default_value_t = Mode::Train)]
-    transforms: Mode,
+    pub(crate) transforms: Mode,
     /// `u8` NHWC or `f32` NCHW normalized.
     #[arg(long, value_enum, default_value_t = Format::U8)]
-    output: Format,
+    pub(crate) output: Format,
     /// A simulated training step after each batch, in milliseconds.
     #[arg(long, default_value_t = 0.0)]
-    step_ms: f64,
+    pub(crate) step_ms: f64,
     /// How the simulated step spends its time: `sleep` (a GPU step: the
     /// CPU is free) or `spin` (a CPU step: one core busy).
     #[arg(long, value_enum, default_value_t = StepKind::Sleep)]
-    step_kind: StepKind,
+    pub(crate) step_kind: StepKind,
     /// RAM budget in MB of 10^6 bytes, the unit the reports print (default:
     /// a quarter of the available memory).
     #[arg(long)]
-    ram_budget_mb: Option<u64>,
+    pub(crate) ram_budget_mb: Option<u64>,
     /// Cache samples in memory after the first epoch.
     #[arg(long, value_enum)]
-    cache: Option<CacheArg>,
+    pub(crate) cache: Option<CacheArg>,
     /// Print AUTOTUNE's decisions over time.
     #[arg(long)]
-    autotune: bool,
+    pub(crate) autotune: bool,
     /// Run a sweep of fixed workers x prefetch x in-flight settings, then
     /// AUTOTUNE, on the same data, and print the table.
     #[arg(long)]
-    sweep: bool,
+    pub(crate) sweep: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum StepKind {
+pub(crate) enum StepKind {
     Sleep,
     Spin,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum CacheArg {
+pub(crate) enum CacheArg {
     Encoded,
     Decoded,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum Mode {
+pub(crate) enum Mode {
     Train,
     Eval,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum Format {
+pub(crate) enum Format {
     U8,
     F32,
 }
 
 #[derive(Serialize, Debug)]
-struct Report {
-    data: String,
-    jpeg_decoder: &'static str,
-    samples: usize,
-    batch_size: usize,
-    image_size: usize,
-    workers: usize,
-    in_flight: usize,
-    prefetch: usize,
-    transforms: Mode,
-    output: Format,
-    step_ms: f64,
-    epoch_images_per_sec: Vec<f64>,
-    median_images_per_sec: f64,
-    decoded_mb_per_sec: f64,
-    read_us_per_sample: f64,
-    decode_us_per_sample: f64,
-    transform_us_per_sample: f64,
-    upload_us_per_batch: f64,
-    consumer_wait_ms_per_batch: f64,
-    consumer_wait_share: f64,
+pub(crate) struct Report {
+    pub(crate) data: String,
+    pub(crate) jpeg_decoder: &'static str,
+    pub(crate) samples: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) image_size: usize,
+    pub(crate) workers: usize,
+    pub(crate) in_flight: usize,
+    pub(crate) prefetch: usize,
+    pub(crate) transforms: Mode,
+    pub(crate) output: Format,
+    pub(crate) step_ms: f64,
+    pub(crate) epoch_images_per_sec: Vec<f64>,
+    pub(crate) median_images_per_sec: f64,
+    pub(crate) decoded_mb_per_sec: f64,
+    pub(crate) read_us_per_sample: f64,
+    pub(crate) decode_us_per_sample: f64,
+    pub(crate) transform_us_per_sample: f64,
+    pub(crate) upload_us_per_batch: f64,
+    pub(crate) consumer_wait_ms_per_batch: f64,
+    pub(crate) consumer_wait_share: f64,
     consumer_wait_p50_ms: f64,
     consumer_wait_p99_ms: f64,
-    verdict: String,
-    loader_memory_peak_mb: f64,
-    skipped: usize,
-    autotune: Vec<TuneRow>,
-    peak_rss_mb: Option<f64>,
+    pub(crate) verdict: String,
+    pub(crate) loader_memory_peak_mb: f64,
+    pub(crate) skipped: usize,
+    pub(crate) autotune: Vec<TuneRow>,
+    pub(crate) peak_rss_mb: Option<f64>,
     #[serde(skip)]
-    report: String,
+    pub(crate) report: String,
 }
 
 #[derive(Serialize, Debug)]
-struct TuneRow {
-    at_s: f64,
-    workers: usize,
-    in_flight: usize,
-    prefetch: usize,
-    batches_per_sec: f64,
-    wait_share: f64,
-    action: String,
+pub(crate) struct TuneRow {
+    pub(crate) at_s: f64,
+    pub(crate) workers: usize,
+    pub(crate) in_flight: usize,
+    pub(crate) prefetch: usize,
+    pub(crate) batches_per_sec: f64,
+    pub(crate) wait_share: f64,
+    pub(crate) action: String,
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`).
-fn peak_rss_mb() -> Option<f64> {
+pub(crate) fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
 
-fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+pub(crate) fn parse_pair(s: &str) -> Result<(usize, usize), String> {
     let (a, b) = s.split_once(',').ok_or("expected CYCLE,BLOCK")?;
     Ok((
         a.trim().parse().map_err(|_| "bad CYCLE")?,
@@ -231,29 +159,8 @@ fn parse_pair(s: &str) -> Result<(usize, usize), String> {
     ))
 }
 
-const TFRECORD: &[&str] = &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"];
-
-/// Opens any dataset format, told by file names.
-fn open(path: &Path) -> candle_wick::Result<Box<dyn Source>> {
-    let has = |suffixes: &[&str]| shard_paths(path, suffixes).ok();
-    if let Some(p) = has(TFRECORD) {
-        return Ok(Box::new(TfRecord::open(p)?));
-    }
-    if let Some(p) = has(&[".tar"]) {
-        return Ok(Box::new(WebDataset::open(p)?));
-    }
-    if let Some(p) = has(&[".safetensors"]) {
-        return Ok(Box::new(SafetensorsShards::open(p)?));
-    }
-    Ok(if path.is_dir() {
-        Box::new(ImageFolder::new(path)?)
-    } else {
-        Box::new(FileList::new(path)?)
-    })
-}
-
 /// The simulated training step.
-fn step(a: &BenchArgs) {
+pub(crate) fn step(a: &BenchArgs) {
     if a.step_ms <= 0.0 {
         return;
     }
@@ -271,7 +178,7 @@ fn step(a: &BenchArgs) {
 
 /// Runs the loader over `source` with `(workers, in_flight, prefetch)`
 /// (0: AUTOTUNE).
-fn bench_with(
+pub(crate) fn bench_with(
     a: &BenchArgs,
     source: Arc<dyn Source>,
     (workers, in_flight, prefetch): (usize, usize, usize),
@@ -380,8 +287,8 @@ fn bench_with(
     })
 }
 
-fn open_shared(a: &BenchArgs) -> Result<Arc<dyn Source>, Box<dyn std::error::Error>> {
-    let source = open(&a.data)?;
+pub(crate) fn open_shared(a: &BenchArgs) -> Result<Arc<dyn Source>, Box<dyn std::error::Error>> {
+    let source = open_path(&a.data)?;
     for d in source.damage() {
         eprintln!(
             "wick: left out damaged {:?} from byte {}: {}",
@@ -392,7 +299,7 @@ fn open_shared(a: &BenchArgs) -> Result<Arc<dyn Source>, Box<dyn std::error::Err
 }
 
 /// Fixed settings against AUTOTUNE on the same data.
-fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let source = open_shared(a)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rows = Vec::new();
@@ -439,132 +346,46 @@ fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
+pub(crate) fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
     let source = open_shared(a)?;
     bench_with(a, source, (a.workers, a.in_flight, a.prefetch), a.json)
 }
 
-fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let source = open(&a.src)?;
-    let format = match a.format {
-        OutFormat::Tfrecord => ShardFormat::TfRecord,
-        OutFormat::Wds => ShardFormat::WebDataset,
-        OutFormat::Safetensors => ShardFormat::SafetensorsEncoded,
-        OutFormat::SafetensorsPixels => ShardFormat::SafetensorsPixels {
-            size: a.pixels_size,
-        },
-    };
-    let opts = ConvertOptions {
-        format,
-        shard_size: a.shard_size,
-        max_side: a.max_side,
-        quality: a.quality,
-        prefix: a.prefix.clone(),
-        threads: a.threads,
-    };
-    let bar = indicatif::ProgressBar::new(source.len() as u64).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} records, {per_sec}, eta {eta}",
-        )?,
-    );
-    let t = Instant::now();
-    let paths = convert(source.as_ref(), &a.dst, &opts, &|n| {
-        bar.set_position(n as u64)
-    })?;
-    bar.finish_and_clear();
-    let bytes: u64 = paths
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
+/// Prints a bench report as text (what `main` shows without `--json`).
+pub(crate) fn print_text(r: &Report, autotune: bool) {
     println!(
-        "wrote {} records in {} shards ({:.1} MB) to {} in {:.1?}",
-        source.len(),
-        paths.len(),
-        bytes as f64 / 1e6,
-        a.dst.display(),
-        t.elapsed()
+        "{} samples, batch {}, {}x{}, {:?} transforms, {:?} output, step {} ms",
+        r.samples, r.batch_size, r.image_size, r.image_size, r.transforms, r.output, r.step_ms
     );
-    Ok(())
-}
-
-fn report_error(e: &dyn std::error::Error) -> ExitCode {
-    eprintln!("wick: {}", candle_wick::error_chain(e));
-    ExitCode::FAILURE
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let args = match cli.command {
-        Command::Bench(args) => args,
-        Command::Convert(args) => {
-            return match run_convert(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => report_error(e.as_ref()),
-            }
-        }
-    };
-    if args.sweep {
-        return match sweep(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => report_error(e.as_ref()),
-        };
-    }
-    match bench(&args) {
-        Ok(r) if args.json => match serde_json::to_string_pretty(&r) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("wick: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(r) => {
+    println!("JPEG decoder: {}", r.jpeg_decoder);
+    println!(
+        "images/s (median of {} epochs): {:.0}",
+        r.epoch_images_per_sec.len(),
+        r.median_images_per_sec
+    );
+    println!(
+            "per sample (worker time): read {:.0} us, decode {:.0} us, transform {:.0} us; upload {:.0} us per batch",
+            r.read_us_per_sample, r.decode_us_per_sample, r.transform_us_per_sample, r.upload_us_per_batch
+        );
+    println!("{}", r.report);
+    if autotune {
+        println!("AUTOTUNE decisions:");
+        for t in &r.autotune {
             println!(
-                "{} samples, batch {}, {}x{}, {:?} transforms, {:?} output, step {} ms",
-                r.samples,
-                r.batch_size,
-                r.image_size,
-                r.image_size,
-                r.transforms,
-                r.output,
-                r.step_ms
-            );
-            println!("JPEG decoder: {}", r.jpeg_decoder);
-            println!(
-                "images/s (median of {} epochs): {:.0}",
-                r.epoch_images_per_sec.len(),
-                r.median_images_per_sec
-            );
-            println!(
-                "per sample (worker time): read {:.0} us, decode {:.0} us, transform {:.0} us; upload {:.0} us per batch",
-                r.read_us_per_sample, r.decode_us_per_sample, r.transform_us_per_sample, r.upload_us_per_batch
-            );
-            println!("{}", r.report);
-            if args.autotune {
-                println!("AUTOTUNE decisions:");
-                for t in &r.autotune {
-                    println!(
-                        "  {:6.2}s  workers {} in flight {} prefetch {}  ({:.1} batches/s, waited {:.0}%)  {}",
-                        t.at_s, t.workers, t.in_flight, t.prefetch, t.batches_per_sec, t.wait_share * 100.0, t.action
-                    );
-                }
-                println!(
-                    "settled at: workers {}, in flight {}, prefetch {}",
-                    r.workers, r.in_flight, r.prefetch
+                    "  {:6.2}s  workers {} in flight {} prefetch {}  ({:.1} batches/s, waited {:.0}%)  {}",
+                    t.at_s, t.workers, t.in_flight, t.prefetch, t.batches_per_sec, t.wait_share * 100.0, t.action
                 );
-            }
-            if r.skipped > 0 {
-                println!("skipped samples: {}", r.skipped);
-            }
-            match r.peak_rss_mb {
-                Some(mb) => println!("peak RSS: {mb:.0} MB"),
-                None => println!("peak RSS: not available on this platform"),
-            }
-            ExitCode::SUCCESS
         }
-        Err(e) => report_error(e.as_ref()),
+        println!(
+            "settled at: workers {}, in flight {}, prefetch {}",
+            r.workers, r.in_flight, r.prefetch
+        );
+    }
+    if r.skipped > 0 {
+        println!("skipped samples: {}", r.skipped);
+    }
+    match r.peak_rss_mb {
+        Some(mb) => println!("peak RSS: {mb:.0} MB"),
+        None => println!("peak RSS: not available on this platform"),
     }
 }

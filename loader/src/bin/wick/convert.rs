@@ -1,0 +1,94 @@
+//! `wick convert`: any dataset `wick bench` reads, written as TFRecord,
+//! WebDataset tar or safetensors shards.
+
+use candle_wick::open_path;
+use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+use clap::ValueEnum;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ConvertArgs {
+    /// The dataset to read (any format `wick bench` reads).
+    pub(crate) src: PathBuf,
+    /// Folder for the shards (created if missing).
+    pub(crate) dst: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutFormat::Tfrecord)]
+    pub(crate) format: OutFormat,
+    /// Records per shard.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) shard_size: usize,
+    /// Re-encode (JPEG) images whose longer side is over N, resized to N.
+    #[arg(long)]
+    pub(crate) max_side: Option<usize>,
+    /// Side of the square images of `--format safetensors-pixels` (shorter
+    /// side resized to it, centre square kept).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) pixels_size: usize,
+    /// JPEG quality of re-encoded images.
+    #[arg(long, default_value_t = 90)]
+    pub(crate) quality: u8,
+    /// Shard file name prefix.
+    #[arg(long, default_value = "data")]
+    pub(crate) prefix: String,
+    /// Threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) threads: usize,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub(crate) enum OutFormat {
+    /// TFRecord of tf.train.Example (image/encoded, image/class/label).
+    Tfrecord,
+    /// WebDataset tar (<key>.jpg + <key>.cls).
+    Wds,
+    /// safetensors: encoded images + offsets + labels.
+    Safetensors,
+    /// safetensors: pre-resized u8 pixels [N, S, S, 3] + labels.
+    SafetensorsPixels,
+}
+
+pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let source = open_path(&a.src)?;
+    let format = match a.format {
+        OutFormat::Tfrecord => ShardFormat::TfRecord,
+        OutFormat::Wds => ShardFormat::WebDataset,
+        OutFormat::Safetensors => ShardFormat::SafetensorsEncoded,
+        OutFormat::SafetensorsPixels => ShardFormat::SafetensorsPixels {
+            size: a.pixels_size,
+        },
+    };
+    let opts = ConvertOptions {
+        format,
+        shard_size: a.shard_size,
+        max_side: a.max_side,
+        quality: a.quality,
+        prefix: a.prefix.clone(),
+        threads: a.threads,
+    };
+    let bar = indicatif::ProgressBar::new(source.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} records, {per_sec}, eta {eta}",
+        )?,
+    );
+    let t = Instant::now();
+    let paths = convert(source.as_ref(), &a.dst, &opts, &|n| {
+        bar.set_position(n as u64)
+    })?;
+    bar.finish_and_clear();
+    let bytes: u64 = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "wrote {} records in {} shards ({:.1} MB) to {} in {:.1?}",
+        source.len(),
+        paths.len(),
+        bytes as f64 / 1e6,
+        a.dst.display(),
+        t.elapsed()
+    );
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! `wick`: command-line tools for the candle-wick loader.
+//!
+//! `wick bench DATA` runs the loader over a dataset with no model attached
+//! and reports its throughput, per-stage times and peak memory.
+//! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
+//! safetensors shards.
+//!
+//! A dataset is an ImageFolder (a folder of class folders), a file list
+//! (`.csv`/`.tsv`), or shards: a `.tfrecord`/`.tfrecord.gz`, `.tar` or
+//! `.safetensors` file, or a folder of them.
+
+mod bench;
+mod convert;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "wick",
+    version,
+    about = "Tools for the candle-wick data loader"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Measure loader throughput over a dataset, with no model.
+    Bench(bench::BenchArgs),
+    /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
+    Convert(convert::ConvertArgs),
+}
+
+fn report_error(e: &dyn std::error::Error) -> ExitCode {
+    eprintln!("wick: {}", candle_wick::error_chain(e));
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Command::Bench(args) => args,
+        Command::Convert(args) => {
+            return match convert::run_convert(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => report_error(e.as_ref()),
+            }
+        }
+    };
+    if args.sweep {
+        return match bench::sweep(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => report_error(e.as_ref()),
+        };
+    }
+    match bench::bench(&args) {
+        Ok(r) if args.json => match serde_json::to_string_pretty(&r) {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("wick: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(r) => {
+            bench::print_text(&r, args.autotune);
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(e.as_ref()),
+    }
+}

@@ -1,0 +1,120 @@
+//! Offset indexes of uncompressed shards (`<shard>.idx`, DALI's format):
+//! read and checked against the shard before use, written after a scan.
+
+use super::framing::{header_len, MAX_RECORD};
+use crate::error::{Error, Result};
+use crate::source::read_exact_at;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// `<shard>.idx`.
+pub(super) fn index_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".idx");
+    PathBuf::from(p)
+}
+
+/// Reads a DALI-style index (`offset size` per line, size including the
+/// 16 bytes of framing) and checks it against the shard before anything
+/// trusts it: the entries tile the shard exactly (no wrap-around), none is
+/// over the record-size limit, and each agrees with the record header at
+/// its offset (length and length checksum). A stale or lying index is an
+/// error naming it.
+pub(super) fn read_index_file(
+    idx: &Path,
+    shard: &Path,
+    file: &File,
+    file_len: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let text = std::fs::read_to_string(idx).map_err(|source| Error::Io {
+        path: idx.to_path_buf(),
+        source,
+    })?;
+    let bad = |line: usize, reason: String| {
+        Error::Dataset {
+        path: idx.to_path_buf(),
+        reason: format!(
+            "line {}: {reason}; delete the index (or set read_index_files: false) to scan the shard",
+            line + 1
+        ),
+    }
+    };
+    let mut records = Vec::new();
+    let mut next = 0u64;
+    let mut head = [0u8; 12];
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let mut it = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(offset)), Some(Ok(size)), None) = (it.next(), it.next(), it.next()) else {
+            return Err(bad(i, "expected `offset size`".into()));
+        };
+        if offset != next || size < 16 {
+            return Err(bad(
+                i,
+                "records do not follow each other: the index is stale".into(),
+            ));
+        }
+        let len = size - 16;
+        if len > MAX_RECORD {
+            return Err(bad(
+                i,
+                format!("a record of {len} bytes is over the {MAX_RECORD}-byte limit"),
+            ));
+        }
+        next = match offset.checked_add(size) {
+            Some(end) if end <= file_len => end,
+            _ => {
+                return Err(bad(
+                    i,
+                    format!(
+                        "a record of {size} bytes at offset {offset} runs past the end of the \
+                         {file_len}-byte shard: the index is stale"
+                    ),
+                ))
+            }
+        };
+        read_exact_at(file, shard, offset, &mut head)?;
+        match header_len(&head) {
+            Ok(actual) if actual == len => {}
+            Ok(actual) => {
+                return Err(bad(
+                    i,
+                    format!(
+                        "the record at offset {offset} holds {actual} bytes, the index says {len}: \
+                         the index is stale"
+                    ),
+                ))
+            }
+            Err(reason) => {
+                return Err(bad(
+                    i,
+                    format!("no record header at offset {offset} ({reason}): the index is stale"),
+                ))
+            }
+        }
+        records.push((offset, len));
+    }
+    if next != file_len {
+        return Err(Error::Dataset {
+            path: idx.to_path_buf(),
+            reason: format!(
+                "index covers {next} bytes but the shard has {file_len}: the index is stale"
+            ),
+        });
+    }
+    Ok(records)
+}
+
+pub(super) fn write_index_file(idx: &Path, records: &[(u64, u64)]) -> Result<()> {
+    let mut text = String::with_capacity(records.len() * 16);
+    for (offset, len) in records {
+        text.push_str(&format!("{offset} {}\n", len + 16));
+    }
+    std::fs::write(idx, text).map_err(|source| Error::Io {
+        path: idx.to_path_buf(),
+        source,
+    })
+}
