@@ -126,6 +126,7 @@ impl Cache {
                             reason: format!(
                                 "cache entry of sample {index} ({len} bytes) fails its CRC"
                             ),
+                            source: None,
                         })
                     }
                 })

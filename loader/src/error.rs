@@ -2,6 +2,18 @@
 
 use std::path::PathBuf;
 
+/// A cause kept as an error's `source()`: any error type, boxed, so no
+/// dependency's type is part of wick's API.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `": cause"` for a message, or nothing.
+fn suffix(source: &Option<BoxError>) -> String {
+    source
+        .as_ref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
+}
+
 /// Everything that can go wrong while building a loader or producing a batch.
 ///
 /// Each variant carries what a user needs to act on it: the file, the
@@ -16,16 +28,19 @@ pub enum Error {
     InvalidConfig(String),
 
     /// A dataset (folder, file list) could not be opened or listed.
-    #[error("cannot open dataset {path:?}: {reason}")]
+    #[error("cannot open dataset {path:?}: {reason}{}", suffix(.source))]
     Dataset {
         /// The folder or file that was being opened.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A line of a file list could not be parsed.
-    #[error("file list {path:?} line {line}: {reason}")]
+    #[error("file list {path:?} line {line}: {reason}{}", suffix(.source))]
     FileList {
         /// The list file.
         path: PathBuf,
@@ -33,6 +48,9 @@ pub enum Error {
         line: u64,
         /// What is wrong with the line.
         reason: String,
+        /// The parser's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// An I/O error while listing or reading a dataset path.
@@ -47,7 +65,7 @@ pub enum Error {
 
     /// A shard (TFRecord, tar, safetensors) is damaged or not in the format
     /// it claims: a bad checksum, a truncated record, a header that lies.
-    #[error("shard {path:?} at byte {offset}: {reason}")]
+    #[error("shard {path:?} at byte {offset}: {reason}{}", suffix(.source))]
     Shard {
         /// The shard file.
         path: PathBuf,
@@ -56,6 +74,9 @@ pub enum Error {
         offset: u64,
         /// What is wrong there.
         reason: String,
+        /// The parser's or decompressor's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A sample's file holds no bytes.
@@ -70,18 +91,21 @@ pub enum Error {
     Decode {
         /// The sample's key (its path for file-backed sources).
         key: String,
-        /// The decoder's error (boxed: it is large and rare).
+        /// The decoder's error.
         #[source]
-        source: Box<image::ImageError>,
+        source: BoxError,
     },
 
     /// Resizing a decoded sample failed (for example a zero-sized image).
-    #[error("transform failed for {key:?}: {reason}")]
+    #[error("transform failed for {key:?}: {reason}{}", suffix(.source))]
     Transform {
         /// The sample's key.
         key: String,
         /// What went wrong.
         reason: String,
+        /// The underlying error (an encoder's), when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A source's index is out of range.
@@ -114,8 +138,12 @@ pub enum Error {
     },
 
     /// The decode thread pool could not be built.
-    #[error("cannot start the decode thread pool: {0}")]
-    ThreadPool(#[source] rayon::ThreadPoolBuildError),
+    #[error("cannot start the decode thread pool: {source}")]
+    ThreadPool {
+        /// The thread pool's error.
+        #[source]
+        source: BoxError,
+    },
 
     /// A loader thread stopped before the epoch was complete. This is a bug
     /// in wick; please report it.
@@ -127,15 +155,61 @@ pub enum Error {
         expected: usize,
     },
 
-    /// Creating the device tensor of a batch failed.
-    #[error("cannot create batch tensor on the device: {0}")]
-    Candle(#[from] candle_core::Error),
+    /// A device operation failed: making a batch's tensors, copying them,
+    /// normalizing or converting them, or setting up the upload.
+    #[error("device error while {what}: {source}")]
+    Device {
+        /// What the loader was doing.
+        what: &'static str,
+        /// Candle's (or the driver's) error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 /// `Result` with wick's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether the error is about one sample or record (unreadable, empty,
+    /// undecodable, damaged, or the code run for it panicked): the batch
+    /// holding it failed, and a tolerant loop can go on with the next one
+    /// (or build with `BadSamples::Skip`). The loader itself is fine.
+    pub fn is_sample_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Io { .. }
+                | Error::Shard { .. }
+                | Error::EmptyFile { .. }
+                | Error::Decode { .. }
+                | Error::Transform { .. }
+                | Error::IndexOutOfRange { .. }
+                | Error::WorkerPanic { .. }
+        )
+    }
+
+    /// Whether the loader cannot go on: a thread could not start or
+    /// stopped, or the device failed. Stop the run (and report a
+    /// `PipelineStopped`: it is a bug in wick).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Error::Spawn { .. }
+                | Error::ThreadPool { .. }
+                | Error::PipelineStopped { .. }
+                | Error::Device { .. }
+        )
+    }
+
+    /// Whether the error is in the settings or the dataset as opened
+    /// (`build` or a source's constructor): fix them and start again.
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidConfig(_) | Error::Dataset { .. } | Error::FileList { .. }
+        )
+    }
+
     /// The key of the sample this error is about, when it is about one.
     pub fn sample_key(&self) -> Option<&str> {
         match self {
@@ -184,6 +258,7 @@ mod tests {
                 "cut short",
             ))),
         };
+        assert!(e.is_sample_error() && !e.is_fatal() && !e.is_config_error());
         assert!(e.to_string().ends_with(": cut short"), "{e}");
         assert_eq!(
             error_chain(&e).matches("cut short").count(),

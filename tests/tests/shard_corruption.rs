@@ -40,11 +40,21 @@ fn tf_records(name: &str) -> Vec<(u64, u64)> {
 
 fn shard_error(e: &Error) -> (PathBuf, u64, String) {
     match e {
+        // The reason with its cause, as the message shows it.
         Error::Shard {
             path,
             offset,
             reason,
-        } => (path.clone(), *offset, reason.clone()),
+            source,
+            ..
+        } => {
+            let cause = source.as_ref().map(|s| format!(": {s}"));
+            (
+                path.clone(),
+                *offset,
+                reason.clone() + &cause.unwrap_or_default(),
+            )
+        }
         other => panic!("expected a shard error, got {other}"),
     }
 }

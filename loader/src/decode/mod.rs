@@ -15,7 +15,7 @@ pub(crate) mod turbo;
 
 use crate::error::{Error, Result};
 use crate::geometry::{relative, Crop, Window};
-use image::{DynamicImage, ImageFormat, ImageReader, Limits};
+use image::{DynamicImage, ImageReader, Limits};
 use limits::{MAX_ALLOC, MAX_SIDE};
 use std::io::Cursor;
 use zune_jpeg::zune_core::bytestream::ZCursor;
@@ -121,21 +121,18 @@ pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(us
         return Err(Error::Transform {
             key: key.into(),
             reason: "image has zero width or height".into(),
+            source: None,
         });
     }
     Ok((w, h))
 }
 
-fn decode_error(key: &str, source: image::ImageError) -> Error {
+/// A decoder's error for sample `key`, kept whole as the source.
+fn decode_error(key: &str, source: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::Decode {
         key: key.into(),
         source: Box::new(source),
     }
-}
-
-fn jpeg_error(key: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    let source = image::error::DecodingError::new(ImageFormat::Jpeg.into(), e);
-    decode_error(key, image::ImageError::Decoding(source))
 }
 
 thread_local! {
@@ -190,15 +187,15 @@ pub(crate) fn zune(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize,
         .set_max_width(MAX_SIDE as usize)
         .set_max_height(MAX_SIDE as usize);
     let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    decoder.decode_headers().map_err(|e| jpeg_error(key, e))?;
+    decoder.decode_headers().map_err(|e| decode_error(key, e))?;
     let (w, h) = decoder
         .dimensions()
-        .ok_or_else(|| jpeg_error(key, std::io::Error::other("no image dimensions")))?;
+        .ok_or_else(|| decode_error(key, std::io::Error::other("no image dimensions")))?;
     let size = decoder
         .output_buffer_size()
-        .ok_or_else(|| jpeg_error(key, std::io::Error::other("no output size")))?;
+        .ok_or_else(|| decode_error(key, std::io::Error::other("no output size")))?;
     if size as u64 > MAX_ALLOC || size != w * h * 3 {
-        return Err(jpeg_error(
+        return Err(decode_error(
             key,
             std::io::Error::other(format!("{w}x{h} RGB image exceeds the decode limit")),
         ));
@@ -209,7 +206,7 @@ pub(crate) fn zune(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize,
     }
     decoder
         .decode_into(&mut out[..size])
-        .map_err(|e| jpeg_error(key, e))?;
+        .map_err(|e| decode_error(key, e))?;
     Ok((w, h))
 }
 
@@ -235,7 +232,7 @@ fn decode_other(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, us
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::{GrayImage, Rgb, RgbImage, Rgba, RgbaImage};
+    use image::{GrayImage, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 
     fn encode(img: DynamicImage, fmt: ImageFormat) -> Vec<u8> {
         let mut out = Cursor::new(Vec::new());

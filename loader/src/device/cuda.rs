@@ -35,12 +35,13 @@
 use super::normalize::NormalizeU8;
 use super::ring::{Guard, Guards, Ring, Staged, Streams};
 use super::HostBuf;
+use super::On;
 use crate::error::{Error, Result};
 use crate::layout::Output;
 use candle_core::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaStream, DevicePtrMut, PinnedHostSlice, ValidAsZeroBits,
 };
-use candle_core::cuda::{CudaDType, WrapErr};
+use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Shape, Storage, Tensor};
 use std::collections::VecDeque;
@@ -67,14 +68,17 @@ impl<T: ValidAsZeroBits> Pinned<T> {
         self.wait_writable()?;
         // cudarc's own event of the slice is never recorded after the
         // allocation (the loader copies through raw pointers): no wait here.
-        Ok(self.images.as_mut_slice().w()?)
+        self.images
+            .as_mut_slice()
+            .on("waiting for a copy out of a pinned buffer")
     }
 
     /// Blocks until the last copy out of the buffer has completed
     /// ([`Guard::Pinned`]).
     pub(crate) fn wait_writable(&mut self) -> Result<()> {
         if let (true, Some(e)) = (self.guard, &self.copied) {
-            e.synchronize().w()?;
+            e.synchronize()
+                .on("waiting for a copy out of a pinned buffer")?;
         }
         Ok(())
     }
@@ -100,14 +104,20 @@ fn pinned<T: candle_core::cuda::cudarc::driver::DeviceRepr + ValidAsZeroBits>(
     // SAFETY: flags 0 is plain page-locked memory (not write-combined, so
     // the CPU can also read it fast). The memory is uninitialized; it is
     // zeroed right below, before any reference to it exists.
-    let mut images = unsafe { ctx.alloc_pinned_with_flags::<T>(elems, 0) }.w()?;
+    let mut images = unsafe { ctx.alloc_pinned_with_flags::<T>(elems, 0) }
+        .on("allocating page-locked host memory")?;
     // SAFETY: as above, for the labels.
-    let mut label_buf = unsafe { ctx.alloc_pinned_with_flags::<u32>(labels.max(1), 0) }.w()?;
-    let p = images.as_mut_ptr().w()?;
+    let mut label_buf = unsafe { ctx.alloc_pinned_with_flags::<u32>(labels.max(1), 0) }
+        .on("allocating page-locked host memory")?;
+    let p = images
+        .as_mut_ptr()
+        .on("allocating page-locked host memory")?;
     // SAFETY: `p` points to `elems` elements just allocated and not yet
     // shared; all-zero bits are a valid `T` (`ValidAsZeroBits`).
     unsafe { std::ptr::write_bytes(p, 0, elems) };
-    let l = label_buf.as_mut_ptr().w()?;
+    let l = label_buf
+        .as_mut_ptr()
+        .on("allocating page-locked host memory")?;
     // SAFETY: as above, `labels.max(1)` u32.
     unsafe { std::ptr::write_bytes(l, 0, labels.max(1)) };
     Ok(Pinned {
@@ -179,7 +189,10 @@ pub(crate) struct CudaStreams {
 
 impl CudaStreams {
     fn bind(&self) -> Result<()> {
-        Ok(self.copy.context().bind_to_thread().w()?)
+        self.copy
+            .context()
+            .bind_to_thread()
+            .on("binding the CUDA context")
     }
 
     /// L: the device's stream as this (the upload) thread sees it.
@@ -200,7 +213,7 @@ impl CudaStreams {
         // on the slice on the stream it was allocated on. One element at
         // least: a zero-byte allocation is an error (a batch whose samples
         // were all skipped).
-        let mut out = unsafe { self.dev.alloc::<T>(n.max(1)) }?;
+        let mut out = unsafe { self.dev.alloc::<T>(n.max(1)) }.on("making a batch's tensors")?;
         {
             let (dst, _write) = out.device_ptr_mut(&stream);
             if n > 0 {
@@ -217,7 +230,7 @@ impl CudaStreams {
                         stream.cu_stream(),
                     )
                 }
-                .w()?;
+                .on("making a batch's tensors")?;
             }
         }
         let storage = CudaStorage::wrap_cuda_slice(out, self.dev.clone());
@@ -238,15 +251,17 @@ impl Streams for CudaStreams {
     type Out = (Tensor, Tensor);
 
     fn copy_wait(&self, e: &Event) -> Result<()> {
-        Ok(self.copy.wait(e).w()?)
+        self.copy.wait(e).on("ordering the copy stream")
     }
 
     fn copy_in(&self, host: &HostRef, slot: &Slot, _: &Job) -> Result<()> {
         let ctx = self.copy.context();
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .w()?;
-        start.record(&self.copy).w()?;
+            .on("copying a batch to the device")?;
+        start
+            .record(&self.copy)
+            .on("copying a batch to the device")?;
         self.bind()?;
         let c = self.copy.cu_stream();
         // Empty batches (every sample skipped) copy nothing.
@@ -258,9 +273,11 @@ impl Streams for CudaStreams {
             // the slot's last read (`consumed`) before this.
             unsafe {
                 let images = std::slice::from_raw_parts(host.images, host.image_bytes);
-                result::memcpy_htod_async(slot.images, images, c).w()?;
+                result::memcpy_htod_async(slot.images, images, c)
+                    .on("copying a batch to the device")?;
                 let labels = std::slice::from_raw_parts(host.labels, host.label_count);
-                result::memcpy_htod_async(slot.labels, labels, c).w()?;
+                result::memcpy_htod_async(slot.labels, labels, c)
+                    .on("copying a batch to the device")?;
             }
         }
         *crate::lock(&self.copy_start) = Some(start);
@@ -273,12 +290,12 @@ impl Streams for CudaStreams {
         let e = self
             .copy
             .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-            .w()?;
+            .on("recording a copy event")?;
         Ok(Arc::new(e))
     }
 
     fn compute_wait(&self, e: &Event) -> Result<()> {
-        Ok(self.compute().wait(e).w()?)
+        self.compute().wait(e).on("ordering the compute stream")
     }
 
     fn finish(&self, slot: &Slot, job: &Job) -> Result<(Tensor, Tensor)> {
@@ -301,7 +318,7 @@ impl Streams for CudaStreams {
                 if t.dtype() == dtype {
                     t
                 } else {
-                    t.to_dtype(dtype)?
+                    t.to_dtype(dtype).on("converting a batch on the device")?
                 }
             }
             Finish::Normalize(op) => {
@@ -313,8 +330,8 @@ impl Streams for CudaStreams {
                         )))
                     }
                 };
-                let storage =
-                    super::normalize::cuda::launch(&self.dev, &op, slot.images, n, h * w)?;
+                let storage = super::normalize::cuda::launch(&self.dev, &op, slot.images, n, h * w)
+                    .on("normalizing a batch on the device")?;
                 Tensor::from_storage(
                     Storage::Cuda(storage),
                     (n, 3, h, w),
@@ -328,16 +345,20 @@ impl Streams for CudaStreams {
     }
 
     fn compute_record(&self) -> Result<Event> {
-        Ok(Arc::new(self.compute().record_event(None).w()?))
+        Ok(Arc::new(
+            self.compute()
+                .record_event(None)
+                .on("recording a batch's ready event")?,
+        ))
     }
 
     fn host_wait(&self, e: &Event) -> Result<()> {
-        Ok(e.synchronize().w()?)
+        e.synchronize().on("waiting for the device")
     }
 
     fn sync(&self) -> Result<()> {
-        self.copy.synchronize().w()?;
-        Ok(self.compute().synchronize().w()?)
+        self.copy.synchronize().on("synchronizing the device")?;
+        self.compute().synchronize().on("synchronizing the device")
     }
 }
 
@@ -371,16 +392,24 @@ impl CudaUploader {
         finish: Finish,
         guards: Guards,
     ) -> Result<Self> {
-        let copy = dev.cuda_stream().context().new_stream().w()?;
-        copy.context().bind_to_thread().w()?;
+        let copy = dev
+            .cuda_stream()
+            .context()
+            .new_stream()
+            .on("setting up the upload streams and staging ring")?;
+        copy.context()
+            .bind_to_thread()
+            .on("setting up the upload streams and staging ring")?;
         let mut slots = Vec::with_capacity(RING);
         for _ in 0..RING {
             // SAFETY: plain device allocations, freed in `Drop` after the
             // ring has drained; never read before the copy that fills them.
             let (images, labels) = unsafe {
                 (
-                    result::malloc_sync(image_bytes.max(1)).w()?,
-                    result::malloc_sync(4 * labels.max(1)).w()?,
+                    result::malloc_sync(image_bytes.max(1))
+                        .on("setting up the upload streams and staging ring")?,
+                    result::malloc_sync(4 * labels.max(1))
+                        .on("setting up the upload streams and staging ring")?,
                 )
             };
             slots.push(Slot { images, labels });
@@ -486,13 +515,13 @@ impl CudaUploader {
 /// of the first `len` image elements and the labels.
 fn host_ref<T: ValidAsZeroBits>(p: &mut Pinned<T>, labels: &[u32], len: usize) -> Result<HostRef> {
     p.wait_writable()?;
-    let room = p.labels.as_mut_slice().w()?;
+    let room = p.labels.as_mut_slice().on("reading a pinned buffer")?;
     let capacity = room.len();
     let room = room.get_mut(..labels.len()).ok_or_else(|| {
         Error::InvalidConfig(format!("{} labels for a batch of {capacity}", labels.len()))
     })?;
     room.copy_from_slice(labels);
-    let images = p.images.as_mut_slice().w()?;
+    let images = p.images.as_mut_slice().on("reading a pinned buffer")?;
     if len > images.len() {
         return Err(Error::InvalidConfig(format!(
             "batch of {len} elements in a buffer of {}",
@@ -502,7 +531,11 @@ fn host_ref<T: ValidAsZeroBits>(p: &mut Pinned<T>, labels: &[u32], len: usize) -
     Ok(HostRef {
         images: images.as_ptr().cast(),
         image_bytes: len * std::mem::size_of::<T>(),
-        labels: p.labels.as_mut_slice().w()?.as_ptr(),
+        labels: p
+            .labels
+            .as_mut_slice()
+            .on("reading a pinned buffer")?
+            .as_ptr(),
         label_count: labels.len(),
     })
 }

@@ -59,6 +59,22 @@ use candle_core::{DType, Device, Shape, Tensor};
 use normalize::NormalizeU8;
 pub(crate) use ring::{Guard, Guards};
 
+/// A candle or driver result, told what the loader was doing: its error
+/// becomes [`Error::Device`] with the cause kept as its source.
+pub(crate) trait On<T> {
+    /// The value, or an error naming `what` failed.
+    fn on(self, what: &'static str) -> Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> On<T> for std::result::Result<T, E> {
+    fn on(self, what: &'static str) -> Result<T> {
+        self.map_err(|e| Error::Device {
+            what,
+            source: Box::new(e),
+        })
+    }
+}
+
 /// Where the `u8 -> f32` conversion, NCHW permutation and normalization of
 /// [`Output::F32Nchw`] happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,6 +152,11 @@ impl Finish {
 
     /// Converts images already on the device (CPU, Metal).
     fn apply(&self, images: Tensor) -> Result<Tensor> {
+        self.convert(images)
+            .on("normalizing or converting a batch on the device")
+    }
+
+    fn convert(&self, images: Tensor) -> candle_core::Result<Tensor> {
         let images = match &self.normalize {
             Some(op) if images.device().is_metal() => {
                 // No Metal kernel for the fused op: candle's cast, permute
@@ -155,11 +176,11 @@ impl Finish {
             Some(op) => op.apply(&images)?,
             None => images,
         };
-        Ok(if images.dtype() == self.dtype {
-            images
+        if images.dtype() == self.dtype {
+            Ok(images)
         } else {
-            images.to_dtype(self.dtype)?
-        })
+            images.to_dtype(self.dtype)
+        }
     }
 }
 
@@ -178,8 +199,9 @@ impl Ready {
     pub(crate) fn wait_on_current_stream(&self) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((e, dev)) = &self.cuda {
-            use candle_core::cuda::WrapErr;
-            dev.cuda_stream().wait(e).w()?;
+            dev.cuda_stream()
+                .wait(e)
+                .on("ordering the consumer's stream after a batch")?;
         }
         Ok(())
     }
@@ -188,8 +210,7 @@ impl Ready {
     pub(crate) fn host_wait(&self) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((e, _)) = &self.cuda {
-            use candle_core::cuda::WrapErr;
-            e.synchronize().w()?;
+            e.synchronize().on("waiting for a batch on the device")?;
         }
         Ok(())
     }
@@ -311,22 +332,30 @@ impl Uploader {
         let len = shape.elem_count();
         match (self, buf) {
             (Uploader::Plain(finish), buf) => {
-                let labels = Tensor::from_vec(labels, n, device)?;
+                let labels = Tensor::from_vec(labels, n, device).on("making a batch's tensors")?;
                 let (images, reusable) = match buf {
                     HostBuf::U8(mut v) if device.is_cpu() => {
                         v.truncate(len);
-                        (Tensor::from_vec(v, shape, device)?, None)
+                        (
+                            Tensor::from_vec(v, shape, device).on("making a batch's tensors")?,
+                            None,
+                        )
                     }
                     HostBuf::F32(mut v) if device.is_cpu() => {
                         v.truncate(len);
-                        (Tensor::from_vec(v, shape, device)?, None)
+                        (
+                            Tensor::from_vec(v, shape, device).on("making a batch's tensors")?,
+                            None,
+                        )
                     }
                     HostBuf::U8(v) => (
-                        Tensor::from_slice(&v[..len], shape, device)?,
+                        Tensor::from_slice(&v[..len], shape, device)
+                            .on("making a batch's tensors")?,
                         Some(HostBuf::U8(v)),
                     ),
                     HostBuf::F32(v) => (
-                        Tensor::from_slice(&v[..len], shape, device)?,
+                        Tensor::from_slice(&v[..len], shape, device)
+                            .on("making a batch's tensors")?,
                         Some(HostBuf::F32(v)),
                     ),
                     HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_) => {

@@ -335,6 +335,7 @@ fn shard_stream(
         path: path.clone(),
         offset: 0,
         reason: format!("stream ended before record {i} that the index holds"),
+        source: None,
     };
     match source.stream_shard(s) {
         Ok(Some(stream)) => Box::new(
@@ -347,15 +348,19 @@ fn shard_stream(
             Box::new(range.map(move |i| (i, source.read(i))))
         }
         Err(e) => {
-            let reason = format!("cannot open shard for streaming: {e}");
+            // Every record of the shard fails with the one cause.
+            let cause = Arc::new(e);
             let path = info.path.clone();
             Box::new(range.map(move |i| {
+                let source: crate::error::BoxError = Box::new(cause.clone());
+                let reason = "cannot open shard for streaming".into();
                 (
                     i,
                     Err(Error::Shard {
                         path: path.clone(),
                         offset: 0,
-                        reason: reason.clone(),
+                        reason,
+                        source: Some(source),
                     }),
                 )
             }))

@@ -97,7 +97,9 @@ impl Loader {
                 Ok(())
             })
             .build()
-            .map_err(Error::ThreadPool)?;
+            .map_err(|e| Error::ThreadPool {
+                source: Box::new(e),
+            })?;
         let decode_pool = Arc::new(decode_pool);
         // Begin, one message per batch in flight, End. A `Done` with a
         // batch holds a pool buffer, so those are bounded by the pool; a

@@ -88,6 +88,7 @@ impl ImageFolder {
             return Err(Error::Dataset {
                 path: root,
                 reason: "not a folder".into(),
+                source: None,
             });
         }
         let mut classes = Vec::new();
@@ -99,6 +100,7 @@ impl ImageFolder {
             let label = u32::try_from(classes.len()).map_err(|_| Error::Dataset {
                 path: root.clone(),
                 reason: "more than 2^32 classes".into(),
+                source: None,
             })?;
             let before = samples.len();
             collect_images(&path, label, &mut samples)?;
@@ -106,6 +108,7 @@ impl ImageFolder {
                 return Err(Error::Dataset {
                     path,
                     reason: "class folder holds no image (jpg, jpeg, png, webp, bmp)".into(),
+                    source: None,
                 });
             }
             classes.push(
@@ -117,6 +120,7 @@ impl ImageFolder {
             return Err(Error::Dataset {
                 path: root,
                 reason: "no class folders: expected root/<class>/<image>".into(),
+                source: None,
             });
         }
         Ok(Self {

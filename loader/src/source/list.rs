@@ -72,7 +72,8 @@ impl FileList {
             let row = row.map_err(|e| Error::FileList {
                 path: path.clone(),
                 line: e.position().map_or(i as u64 + 1, |p| p.line()),
-                reason: e.to_string(),
+                reason: "not a CSV/TSV row".into(),
+                source: Some(Box::new(e)),
             })?;
             let line = row.position().map_or(i as u64 + 1, |p| p.line());
             if i == 0
@@ -88,6 +89,7 @@ impl FileList {
                     path: path.clone(),
                     line,
                     reason: "expected two columns: path and label".into(),
+                    source: None,
                 });
             };
             if file.is_empty() {
@@ -95,6 +97,7 @@ impl FileList {
                     path: path.clone(),
                     line,
                     reason: "empty path".into(),
+                    source: None,
                 });
             }
             rows.push((base.join(file), label.to_string(), line));
@@ -113,6 +116,7 @@ impl FileList {
             return Err(Error::Dataset {
                 path,
                 reason: "the list has no samples".into(),
+                source: None,
             });
         }
         let indices = rows.iter().filter(|(_, l, _)| is_index(l)).count();
@@ -133,6 +137,7 @@ impl FileList {
                      indices throughout or class names throughout",
                     named.1, index.2, index.1
                 ),
+                source: None,
             });
         }
         let numeric = indices == rows.len();
@@ -148,6 +153,7 @@ impl FileList {
                         "class index {l} is not below the limit of {MAX_CLASSES} classes (an \
                          identifier? write it as a class name, e.g. with a prefix)"
                     ),
+                    source: None,
                 });
             }
         }
@@ -166,6 +172,7 @@ impl FileList {
                         path,
                         line: *line,
                         reason: "empty label".into(),
+                        source: None,
                     });
                 }
                 names.insert(l.clone(), 0u32);

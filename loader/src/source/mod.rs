@@ -170,6 +170,7 @@ pub(crate) fn read_file_into(path: &Path, mut bytes: Vec<u8>) -> Result<Vec<u8>>
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!("sample file is {len} bytes, over the {MAX_FILE_BYTES}-byte limit"),
+            source: None,
         });
     }
     bytes.clear();
@@ -184,6 +185,7 @@ pub(crate) fn read_file_into(path: &Path, mut bytes: Vec<u8>) -> Result<Vec<u8>>
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!("sample file grew over the {MAX_FILE_BYTES}-byte limit while read"),
+            source: None,
         });
     }
     if bytes.is_empty() {

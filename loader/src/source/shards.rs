@@ -1,7 +1,7 @@
 //! What the sharded sources (TFRecord, WebDataset tar, safetensors) share:
 //! the shard table, positioned reads and the damage report.
 
-use crate::error::{Error, Result};
+use crate::error::{BoxError, Error, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -86,31 +86,74 @@ impl ShardSet {
         opts: &ShardOptions,
         path: &Path,
         offset: u64,
-        reason: String,
+        cause: impl Into<Cause>,
     ) -> Result<()> {
-        if opts.skip_damaged {
-            self.damage.push(Damage {
-                path: path.to_path_buf(),
-                offset,
-                reason,
-            });
-            Ok(())
-        } else {
-            Err(Error::Shard {
-                path: path.to_path_buf(),
-                offset,
-                reason,
-            })
+        let e = shard_error(path, offset, cause);
+        if !opts.skip_damaged {
+            return Err(e);
+        }
+        let Error::Shard { reason, source, .. } = e else {
+            unreachable!("shard_error makes a Shard error")
+        };
+        // The damage list is a report: the cause is kept as its text.
+        let reason = match source {
+            Some(s) => format!("{reason}: {}", crate::error_chain(s.as_ref())),
+            None => reason,
+        };
+        self.damage.push(Damage {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        });
+        Ok(())
+    }
+}
+
+/// What is wrong with a shard at some offset: a description, and the
+/// parser's or decompressor's error when there is one (kept as the
+/// [`Error::Shard`]'s source, never flattened into the text).
+#[derive(Debug)]
+pub(crate) struct Cause {
+    pub(crate) reason: String,
+    pub(crate) source: Option<BoxError>,
+}
+
+impl Cause {
+    /// `reason`, caused by `source`.
+    pub(crate) fn new(
+        reason: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            reason: reason.into(),
+            source: Some(Box::new(source)),
         }
     }
 }
 
+impl From<String> for Cause {
+    fn from(reason: String) -> Self {
+        Self {
+            reason,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(reason: &str) -> Self {
+        reason.to_string().into()
+    }
+}
+
 /// The error for damage at `offset` of `path`.
-pub(crate) fn shard_error(path: &Path, offset: u64, reason: impl Into<String>) -> Error {
+pub(crate) fn shard_error(path: &Path, offset: u64, cause: impl Into<Cause>) -> Error {
+    let Cause { reason, source } = cause.into();
     Error::Shard {
         path: path.to_path_buf(),
         offset,
-        reason: reason.into(),
+        reason,
+        source,
     }
 }
 
@@ -180,6 +223,7 @@ pub fn shard_paths(path: &Path, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
             Err(Error::Dataset {
                 path: path.to_path_buf(),
                 reason: format!("not a shard file ending in {suffixes:?}"),
+                source: None,
             })
         };
     }
@@ -199,6 +243,7 @@ pub fn shard_paths(path: &Path, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!("no shard files ending in {suffixes:?}"),
+            source: None,
         });
     }
     Ok(out)

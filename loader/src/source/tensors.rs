@@ -10,7 +10,7 @@
 //!
 //! Labels may be any integer dtype; they are checked on open.
 
-use super::shards::{open_shard, shard_error, ShardSet};
+use super::shards::{open_shard, shard_error, Cause, ShardSet};
 use super::{Damage, Record, ShardInfo, Source};
 use crate::error::{Error, Result};
 use memmap2::Mmap;
@@ -120,7 +120,7 @@ impl SafetensorsShards {
 fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
     let bad = |reason: String| shard_error(path, 0, reason);
     let (n, meta) = SafeTensors::read_metadata(&map)
-        .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        .map_err(|e| shard_error(path, 0, Cause::new("bad safetensors header", e)))?;
     let data_start = 8 + n;
     let tensor = |name: &str| -> Option<(&TensorInfo, &[u8])> {
         let info = meta.info(name)?;

@@ -2,7 +2,7 @@
 //! the first dot of the file name: `0001.jpg` + `0001.cls`) and follow one
 //! another in the archive.
 
-use super::shards::{open_shard, shard_error, ShardOptions, ShardSet};
+use super::shards::{open_shard, shard_error, Cause, ShardOptions, ShardSet};
 use super::{read_exact_at, Damage, Record, ShardInfo, Source, IMAGE_EXTENSIONS};
 use crate::error::{Error, Result};
 use std::fs::File;
@@ -133,9 +133,9 @@ fn index_shard<R: Read + std::io::Seek>(
     // their size, instead of being read whole inside the tar crate.
     let entries = archive
         .entries_with_seek()
-        .map_err(|e| shard_error(path, 0, format!("not a tar archive: {e}")))?
+        .map_err(|e| shard_error(path, 0, Cause::new("not a tar archive", e)))?
         .raw(true);
-    let mut damage: Option<(u64, String)> = None;
+    let mut damage: Option<(u64, Cause)> = None;
     // What extension members said about the next member.
     let (mut long_name, mut pax_path, mut pax_size) = (None, None, None);
     let io_or = |e: std::io::Error, at: u64, what: String| match os_error(&e) {
@@ -143,7 +143,7 @@ fn index_shard<R: Read + std::io::Seek>(
             path: path.to_path_buf(),
             source: e,
         },
-        false => shard_error(path, at, format!("{what}: {e}")),
+        false => shard_error(path, at, Cause::new(what, e)),
     };
     for entry in entries {
         let mut entry = match entry {
@@ -157,7 +157,7 @@ fn index_shard<R: Read + std::io::Seek>(
                 })
             }
             Err(e) => {
-                damage = Some((next_header, format!("bad tar header: {e}")));
+                damage = Some((next_header, Cause::new("bad tar header", e)));
                 break;
             }
         };
@@ -166,7 +166,7 @@ fn index_shard<R: Read + std::io::Seek>(
         if start + size > file_len {
             damage = Some((
                 header_at,
-                format!("member of {size} bytes runs past the end of the file"),
+                format!("member of {size} bytes runs past the end of the file").into(),
             ));
             break;
         }
@@ -216,7 +216,8 @@ fn index_shard<R: Read + std::io::Seek>(
                     format!(
                         "PAX size {:?} disagrees with the header's {size}",
                         String::from_utf8_lossy(&claim)
-                    ),
+                    )
+                    .into(),
                 ));
                 break;
             }
@@ -229,7 +230,7 @@ fn index_shard<R: Read + std::io::Seek>(
             None => match entry.path() {
                 Ok(p) => p.to_string_lossy().into_owned(),
                 Err(e) => {
-                    damage = Some((header_at, format!("bad member name: {e}")));
+                    damage = Some((header_at, Cause::new("bad member name", e)));
                     break;
                 }
             },
@@ -272,8 +273,9 @@ fn index_shard<R: Read + std::io::Seek>(
             entry
                 .read_to_string(&mut text)
                 .map_err(|e| io_or(e, start, format!("cannot read label {name:?}")))?;
-            let label = parse_label(&text, &ext, &opts.json_label_field).map_err(|reason| {
-                shard_error(path, header_at, format!("label {name:?}: {reason}"))
+            let label = parse_label(&text, &ext, &opts.json_label_field).map_err(|c| {
+                let reason = format!("label {name:?}: {}", c.reason);
+                shard_error(path, header_at, Cause { reason, ..c })
             })?;
             p.label = Some(label);
         }
@@ -346,20 +348,21 @@ fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions) -> Result<Sample> {
 }
 
 /// A label member's class index.
-fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, String> {
+fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, Cause> {
     if ext.ends_with("json") {
         let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+            serde_json::from_str(text).map_err(|e| Cause::new("not JSON", e))?;
         let l = v
             .get(json_field)
             .ok_or_else(|| format!("no field {json_field:?}"))?;
-        l.as_u64()
+        Ok(l.as_u64()
             .and_then(|l| u32::try_from(l).ok())
-            .ok_or_else(|| format!("field {json_field:?} is {l}, not a class index"))
+            .ok_or_else(|| format!("field {json_field:?} is {l}, not a class index"))?)
     } else {
-        text.trim()
+        Ok(text
+            .trim()
             .parse()
-            .map_err(|_| format!("{:?} is not a class index", text.trim()))
+            .map_err(|_| format!("{:?} is not a class index", text.trim()))?)
     }
 }
 
@@ -597,11 +600,12 @@ mod tests {
 
     #[test]
     fn labels_parse_from_text_and_json() {
-        assert_eq!(parse_label(" 12\n", "cls", "label"), Ok(12));
-        assert_eq!(parse_label(r#"{"label": 3}"#, "json", "label"), Ok(3));
+        assert_eq!(parse_label(" 12\n", "cls", "label").unwrap(), 12);
+        assert_eq!(parse_label(r#"{"label": 3}"#, "json", "label").unwrap(), 3);
         assert!(parse_label("-1", "cls", "label").is_err());
-        assert!(parse_label(r#"{"x": 3}"#, "json", "label")
-            .unwrap_err()
-            .contains("no field"));
+        let err = parse_label(r#"{"x": 3}"#, "json", "label").unwrap_err();
+        assert!(err.reason.contains("no field"), "{err:?}");
+        let err = parse_label("{", "json", "label").unwrap_err();
+        assert!(err.source.is_some(), "the JSON error is kept: {err:?}");
     }
 }

@@ -270,6 +270,7 @@ impl ImageTransform {
                     "{} bytes do not hold a {width}x{height} RGB image",
                     rgb.len()
                 ),
+                source: None,
             });
         }
         let Scratch {
@@ -334,6 +335,7 @@ impl ImageTransform {
                     self.output,
                     self.slot_len()
                 ),
+                source: None,
             });
         }
         if !src.fits() {
@@ -347,6 +349,7 @@ impl ImageTransform {
                     src.x0,
                     src.y0
                 ),
+                source: None,
             });
         }
         let (ow, oh) = (self.width, self.height);

@@ -92,7 +92,9 @@ pub fn convert(
         .num_threads(opts.threads)
         .thread_name(|i| format!("wick-convert-{i}"))
         .build()
-        .map_err(Error::ThreadPool)?;
+        .map_err(|e| Error::ThreadPool {
+            source: Box::new(e),
+        })?;
     let pixels = match opts.format {
         ShardFormat::SafetensorsPixels { size } => Some(ImageTransform::new(
             Transforms::ResizeCenterCrop { resize: size },
@@ -234,7 +236,8 @@ fn prepare(
         )
         .map_err(|e| Error::Transform {
             key: rec.key.clone(),
-            reason: format!("JPEG encoding failed: {e}"),
+            reason: "JPEG encoding failed".into(),
+            source: Some(Box::new(e)),
         })?;
     Ok(Prepared {
         bytes: jpeg,
@@ -256,6 +259,7 @@ fn resize(
         return Err(Error::Transform {
             key: key.into(),
             reason: format!("cannot resize {} bytes as {w}x{h} to {nw}x{nh}", rgb.len()),
+            source: None,
         });
     }
     let whole = Crop {

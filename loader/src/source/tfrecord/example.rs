@@ -1,6 +1,7 @@
 //! The `tf.train.Example` proto: the subset wick reads (an image's bytes
 //! and its class) and writes.
 
+use crate::source::shards::Cause;
 use prost::Message;
 use std::collections::HashMap;
 
@@ -58,8 +59,8 @@ pub(super) fn parse_example(
     data: &[u8],
     image_key: &str,
     label_key: &str,
-) -> Result<(Vec<u8>, u32), String> {
-    let mut ex = Example::decode(data).map_err(|e| format!("not a tf.train.Example: {e}"))?;
+) -> Result<(Vec<u8>, u32), Cause> {
+    let mut ex = Example::decode(data).map_err(|e| Cause::new("not a tf.train.Example", e))?;
     let mut features = ex.features.take().map(|f| f.feature).unwrap_or_default();
     let image = match features.remove(image_key).and_then(|f| f.kind) {
         Some(Kind::BytesList(mut b)) if b.value.len() == 1 => b.value.remove(0),
@@ -67,22 +68,24 @@ pub(super) fn parse_example(
             return Err(format!(
                 "feature {image_key:?} holds {} byte strings, not 1",
                 b.value.len()
-            ))
+            )
+            .into())
         }
-        Some(_) => return Err(format!("feature {image_key:?} is not a bytes_list")),
-        None => return Err(format!("no feature {image_key:?}")),
+        Some(_) => return Err(format!("feature {image_key:?} is not a bytes_list").into()),
+        None => return Err(format!("no feature {image_key:?}").into()),
     };
     let label = match features.get(label_key).and_then(|f| f.kind.as_ref()) {
         Some(Kind::Int64List(l)) if l.value.len() == 1 => u32::try_from(l.value[0])
-            .map_err(|_| format!("label {} is not a class index", l.value[0]))?,
+            .map_err(|_| Cause::from(format!("label {} is not a class index", l.value[0])))?,
         Some(Kind::Int64List(l)) => {
             return Err(format!(
                 "feature {label_key:?} holds {} values, not 1",
                 l.value.len()
-            ))
+            )
+            .into())
         }
-        Some(_) => return Err(format!("feature {label_key:?} is not an int64_list")),
-        None => return Err(format!("no feature {label_key:?}")),
+        Some(_) => return Err(format!("feature {label_key:?} is not an int64_list").into()),
+        None => return Err(format!("no feature {label_key:?}").into()),
     };
     Ok((image, label))
 }

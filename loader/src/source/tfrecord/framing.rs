@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::source::read_exact_at;
-use crate::source::shards::{shard_error, ShardOptions, ShardSet};
+use crate::source::shards::{shard_error, Cause, ShardOptions, ShardSet};
 use std::fs::File;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
@@ -123,7 +123,7 @@ impl RecordReader {
         match e.kind() {
             UnexpectedEof => shard_error(&self.path, self.offset, "stream ends inside a record"),
             InvalidData | InvalidInput => {
-                shard_error(&self.path, self.offset, format!("corrupt stream: {e}"))
+                shard_error(&self.path, self.offset, Cause::new("corrupt stream", e))
             }
             _ => Error::Io {
                 path: self.path.clone(),

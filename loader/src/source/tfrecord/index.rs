@@ -37,6 +37,7 @@ pub(super) fn read_index_file(
             "line {}: {reason}; delete the index (or set read_index_files: false) to scan the shard",
             line + 1
         ),
+        source: None,
     }
     };
     let mut records = Vec::new();
@@ -103,6 +104,7 @@ pub(super) fn read_index_file(
             reason: format!(
                 "index covers {next} bytes but the shard has {file_len}: the index is stale"
             ),
+            source: None,
         });
     }
     Ok(records)

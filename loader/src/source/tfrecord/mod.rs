@@ -266,9 +266,12 @@ mod tests {
         let (img, label) = parse_example(&bytes, "image/encoded", "image/class/label").unwrap();
         assert_eq!((img.as_slice(), label), (&b"\xff\xd8jpeg"[..], 7));
         let err = parse_example(&bytes, "image/encoded", "label").unwrap_err();
-        assert!(err.contains("no feature \"label\""), "{err}");
+        assert!(err.reason.contains("no feature \"label\""), "{err:?}");
         let neg = example_bytes(b"x", -1, "i", "l");
-        assert!(parse_example(&neg, "i", "l").unwrap_err().contains("-1"));
+        let err = parse_example(&neg, "i", "l").unwrap_err();
+        assert!(err.reason.contains("-1"), "{err:?}");
+        let err = parse_example(b"\xff\xff", "i", "l").unwrap_err();
+        assert!(err.source.is_some(), "the proto error is kept: {err:?}");
     }
 
     /// Gives `ok` good reads of zeros, then fails with `kind`.
