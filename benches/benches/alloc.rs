@@ -2,7 +2,9 @@
 //! allocator: the fused decode+transform path alone, and the whole loader
 //! (which adds per-batch bookkeeping: keys, labels, tensors).
 
-use candle_wick::{ImageFolder, ImageTransform, Loader, Output, Slot, Source, Transforms};
+use candle_wick::__bench::{HostLayout, ImageTransform, Slot};
+use candle_wick::source::ImageFolder;
+use candle_wick::{Loader, Output, Size, Source, Transforms};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -58,27 +60,28 @@ fn main() {
     let mut buf = Vec::new();
     let mut decode_pass = || {
         for j in &files {
-            candle_wick::decode_rgb_into("bench", j, &mut buf).expect("decode");
+            candle_wick::__bench::decode_rgb_into("bench", j, &mut buf).expect("decode");
         }
     };
     decode_pass();
     let ((), allocs, bytes) = count(decode_pass);
     println!(
         "decode alone ({}): {:.2} allocations/sample, {:.0} bytes/sample",
-        candle_wick::JPEG_DECODER,
+        candle_wick::__bench::JPEG_DECODER,
         allocs as f64 / n,
         bytes as f64 / n
     );
 
-    for (name, output) in [("u8", Output::U8Nhwc), ("f32", Output::imagenet())] {
-        let t = ImageTransform::new(Transforms::train(), output, 224, 224, 0).expect("transform");
+    for (name, output) in [("u8", HostLayout::U8Nhwc), ("f32", HostLayout::imagenet())] {
+        let t = ImageTransform::new(Transforms::train(), output, Size::new(224, 224), 0)
+            .expect("transform");
         let mut u8s = vec![0u8; t.slot_len()];
         let mut f32s = vec![0f32; t.slot_len()];
         let mut pass = |epoch| {
             for (i, j) in files.iter().enumerate() {
                 let slot = match output {
-                    Output::U8Nhwc => Slot::U8(&mut u8s),
-                    Output::F32Nchw { .. } => Slot::F32(&mut f32s),
+                    HostLayout::U8Nhwc => Slot::U8(&mut u8s),
+                    HostLayout::F32Nchw { .. } => Slot::F32(&mut f32s),
                 };
                 t.apply("bench", j, epoch, i, slot).expect("apply");
             }

@@ -4,7 +4,9 @@
 //! (parallel efficiency) and in a bare rayon `par_iter` on 2 threads with no
 //! pool, queue or prefetch (the pipeline's own overhead).
 
-use candle_wick::{ImageFolder, Slot, Source};
+use candle_wick::__bench::Slot;
+use candle_wick::source::ImageFolder;
+use candle_wick::Source;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 

@@ -14,7 +14,8 @@
 //! `WICK_BENCH_QUICK=1` (what CI runs) takes 120 images and 3 rounds: a
 //! throughput line per change in seconds, too short for the 95% claim.
 
-use candle_wick::{ImageFolder, ImageTransform};
+use candle_wick::__bench::ImageTransform;
+use candle_wick::source::ImageFolder;
 use std::time::Instant;
 
 /// Images and rounds: the full run, or CI's quick one.

@@ -3,7 +3,8 @@
 //! eval resize by fast_image_resize, for comparison), and the fused
 //! decode+transform path (which decodes only the crop window).
 
-use candle_wick::{decode_rgb_into, ImageTransform, Output, Slot, Transforms};
+use candle_wick::__bench::{decode_rgb_into, HostLayout, ImageTransform, Slot};
+use candle_wick::{Size, Transforms};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
@@ -23,8 +24,8 @@ fn load() -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn transform(t: Transforms, output: Output) -> ImageTransform {
-    ImageTransform::new(t, output, 224, 224, 0).expect("transform")
+fn transform(t: Transforms, output: HostLayout) -> ImageTransform {
+    ImageTransform::new(t, output, Size::new(224, 224), 0).expect("transform")
 }
 
 fn bench(c: &mut Criterion) {
@@ -59,7 +60,7 @@ fn bench(c: &mut Criterion) {
         })
     });
 
-    let decoded: Vec<(Vec<u8>, (usize, usize))> = jpegs
+    let decoded: Vec<(Vec<u8>, Size)> = jpegs
         .iter()
         .map(|j| {
             let mut out = Vec::new();
@@ -75,19 +76,19 @@ fn bench(c: &mut Criterion) {
     let cases = [
         (
             "resize_center_crop_u8",
-            transform(Transforms::eval(224), Output::U8Nhwc),
+            transform(Transforms::eval(224), HostLayout::U8Nhwc),
         ),
         (
             "random_resized_crop_u8",
-            transform(rrc_no_flip, Output::U8Nhwc),
+            transform(rrc_no_flip, HostLayout::U8Nhwc),
         ),
         (
             "random_resized_crop_flip_u8",
-            transform(Transforms::train(), Output::U8Nhwc),
+            transform(Transforms::train(), HostLayout::U8Nhwc),
         ),
         (
             "random_resized_crop_flip_f32_normalize",
-            transform(Transforms::train(), Output::imagenet()),
+            transform(Transforms::train(), HostLayout::imagenet()),
         ),
     ];
     for (name, t) in &cases {
@@ -97,8 +98,8 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 for (i, (px, wh)) in decoded.iter().enumerate() {
                     let slot = match t.output() {
-                        Output::U8Nhwc => Slot::U8(&mut u8s),
-                        Output::F32Nchw { .. } => Slot::F32(&mut f32s),
+                        HostLayout::U8Nhwc => Slot::U8(&mut u8s),
+                        HostLayout::F32Nchw { .. } => Slot::F32(&mut f32s),
                     };
                     t.apply_decoded("bench", px, *wh, 0, i, slot)
                         .expect("transform");
@@ -115,8 +116,8 @@ fn bench(c: &mut Criterion) {
         let mut resizer = Resizer::new();
         let mut dst = Image::new(224, 224, PixelType::U8x3);
         b.iter(|| {
-            for (px, (w, h)) in &decoded {
-                let (w, h) = (*w as f64, *h as f64);
+            for (px, size) in &decoded {
+                let (w, h) = (size.width as f64, size.height as f64);
                 // torchvision Resize(256) + CenterCrop(224), as a source box.
                 let s = 256.0 / w.min(h);
                 let (nw, nh) = ((w * s).trunc(), (h * s).trunc());
@@ -134,11 +135,11 @@ fn bench(c: &mut Criterion) {
     for (name, t) in [
         (
             "fused_decode_rrc_flip_u8",
-            transform(Transforms::train(), Output::U8Nhwc),
+            transform(Transforms::train(), HostLayout::U8Nhwc),
         ),
         (
             "fused_decode_rrc_flip_f32",
-            transform(Transforms::train(), Output::imagenet()),
+            transform(Transforms::train(), HostLayout::imagenet()),
         ),
     ] {
         let mut u8s = vec![0u8; t.slot_len()];
@@ -147,8 +148,8 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 for (i, j) in jpegs.iter().enumerate() {
                     let slot = match t.output() {
-                        Output::U8Nhwc => Slot::U8(&mut u8s),
-                        Output::F32Nchw { .. } => Slot::F32(&mut f32s),
+                        HostLayout::U8Nhwc => Slot::U8(&mut u8s),
+                        HostLayout::F32Nchw { .. } => Slot::F32(&mut f32s),
                     };
                     t.apply("bench", j, 0, i, slot).expect("apply");
                 }

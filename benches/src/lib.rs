@@ -95,7 +95,7 @@ pub fn data_root() -> PathBuf {
 pub fn bare_par_iter(
     pool: &rayon::ThreadPool,
     source: &impl candle_wick::Source,
-    transform: &candle_wick::ImageTransform,
+    transform: &candle_wick::__bench::ImageTransform,
     epoch: u64,
 ) {
     pool.install(|| {
@@ -104,7 +104,13 @@ pub fn bare_par_iter(
             |slot, i| {
                 let r = source.read(i).expect("read");
                 transform
-                    .apply(&r.key, &r.bytes, epoch, i, candle_wick::Slot::U8(slot))
+                    .apply(
+                        &r.key,
+                        &r.bytes,
+                        epoch,
+                        i,
+                        candle_wick::__bench::Slot::U8(slot),
+                    )
                     .expect("transform");
             },
         )
@@ -117,7 +123,7 @@ pub fn bare_par_iter(
 pub fn bare_par_iter_into_batches(
     pool: &rayon::ThreadPool,
     source: &impl candle_wick::Source,
-    transform: &candle_wick::ImageTransform,
+    transform: &candle_wick::__bench::ImageTransform,
     epoch: u64,
 ) -> Vec<Vec<u8>> {
     let slot_len = transform.slot_len();
@@ -137,7 +143,13 @@ pub fn bare_par_iter_into_batches(
             .for_each(|(i, slot)| {
                 let r = source.read(i).expect("read");
                 transform
-                    .apply(&r.key, &r.bytes, epoch, i, candle_wick::Slot::U8(slot))
+                    .apply(
+                        &r.key,
+                        &r.bytes,
+                        epoch,
+                        i,
+                        candle_wick::__bench::Slot::U8(slot),
+                    )
                     .expect("transform");
             })
     });
@@ -148,7 +160,7 @@ pub fn bare_par_iter_into_batches(
 /// RandomResizedCrop 224 + flip, u8, fixed shuffle seed, `workers` decode
 /// workers (the other knobs on AUTOTUNE).
 pub fn rrc_u8_loader(dir: &Path, workers: usize) -> candle_wick::Loader {
-    candle_wick::Loader::builder(candle_wick::ImageFolder::new(dir).expect("bench folder"))
+    candle_wick::Loader::builder(candle_wick::source::ImageFolder::new(dir).expect("bench folder"))
         .batch_size(64)
         .image_size(224)
         .train_transforms()

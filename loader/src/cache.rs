@@ -4,6 +4,7 @@
 //! every epoch still draws new crops.
 
 use crate::error::{Error, Result};
+use crate::geometry::Size;
 use crate::source::{read_exact_at, Record};
 use std::fs::File;
 use std::io::Write;
@@ -48,7 +49,7 @@ struct Entry {
     /// The key the read gave (a source's `key()` may name it otherwise).
     key: Box<str>,
     label: u32,
-    rgb_size: Option<(usize, usize)>,
+    rgb_size: Option<Size>,
 }
 
 #[derive(Debug)]

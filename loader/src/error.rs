@@ -224,7 +224,7 @@ impl Error {
 
 /// An error and its whole cause chain on one line, `": "`-joined
 /// (`cannot read "a.jpg": No such file or directory`): what wick prints and
-/// keeps in [`crate::Stats`].
+/// keeps in [`crate::stats::Stats`].
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

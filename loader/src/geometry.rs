@@ -1,6 +1,40 @@
 //! Pixel boxes shared by the decoders and the transforms: the crop a
 //! transform asks for, and the window of pixels a decoder produces (a leaf,
-//! so neither depends on the other).
+//! so neither depends on the other), and the one size type of the API.
+
+/// A width and a height in pixels: the one size type of wick's API (no
+/// bare tuple whose order a reader has to remember).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Size {
+    /// Pixels across.
+    pub width: usize,
+    /// Pixels down.
+    pub height: usize,
+}
+
+impl Size {
+    /// `width x height`.
+    pub const fn new(width: usize, height: usize) -> Self {
+        Self { width, height }
+    }
+
+    /// `side x side`.
+    pub const fn square(side: usize) -> Self {
+        Self::new(side, side)
+    }
+
+    /// `width * height`.
+    pub const fn area(&self) -> usize {
+        self.width * self.height
+    }
+}
+
+impl From<usize> for Size {
+    /// A square.
+    fn from(side: usize) -> Self {
+        Self::square(side)
+    }
+}
 
 /// A source box in pixels, fractional (the eval path's scaled centre crop).
 #[derive(Debug, Clone, Copy, PartialEq)]

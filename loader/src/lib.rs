@@ -9,7 +9,8 @@
 //! ## Quick start
 //!
 //! ```no_run
-//! use candle_wick::{ImageFolder, Loader};
+//! use candle_wick::source::ImageFolder;
+//! use candle_wick::Loader;
 //!
 //! # fn main() -> candle_wick::Result<()> {
 //! let train = ImageFolder::new("data/train")?; // root/<class>/<image>
@@ -31,14 +32,24 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Sources
+//! ## The API
 //!
-//! [`ImageFolder`], [`FileList`] (CSV/TSV), [`MemorySource`], and shards:
-//! [`TfRecord`], [`WebDataset`] (tar), [`SafetensorsShards`] (pre-resized
-//! pixels or encoded bytes, memory-mapped). Sharded sources are read by
-//! random access or in the streaming mode
-//! ([`LoaderBuilder::interleave`], [`LoaderBuilder::shuffle_buffer`]);
-//! [`convert`] (and `wick convert`) writes any source as shards.
+//! The crate root holds what a training loop writes: [`Loader`] and its
+//! [`LoaderBuilder`], the [`Epoch`] iterator and its [`Batch`]es, the
+//! settings they take ([`Output`], [`Transforms`], [`Size`], [`Setting`] /
+//! [`AUTOTUNE`], [`BadSamples`], [`CacheMode`], [`Interleave`]), [`Error`],
+//! and [`open_path`]. Everything else is grouped by area:
+//!
+//! - [`source`]: where samples come from: [`source::ImageFolder`],
+//!   [`source::FileList`] (CSV/TSV), [`source::MemorySource`], and shards
+//!   ([`source::TfRecord`], [`source::WebDataset`] tar,
+//!   [`source::SafetensorsShards`]), read at random or streamed
+//!   ([`LoaderBuilder::interleave`]); the [`Source`] trait for your own.
+//! - [`write`](mod@write): shard writers of one shape, and [`write::convert`] (what
+//!   `wick convert` runs).
+//! - [`stats`]: what a loader measured ([`stats::Stats`], its report and
+//!   [`stats::Verdict`]), AUTOTUNE's decisions and the Chrome-trace
+//!   timeline.
 //!
 //! ## What it guarantees
 //!
@@ -51,8 +62,8 @@
 //!   [`LoaderBuilder::ram_budget`]; AUTOTUNE (the default for workers,
 //!   batches in flight and prefetch) never grows past it.
 //! - **Self-tuning and self-reporting**: AUTOTUNE grows parallelism only while
-//!   the training loop waits for data; [`Stats::report`] and
-//!   [`Stats::verdict`] say whether it starved and why.
+//!   the training loop waits for data; [`stats::Stats::report`] and
+//!   [`stats::Stats::verdict`] say whether it starved and why.
 //! - **Bad input**: a missing, empty or corrupt file is an error naming it,
 //!   or, with [`BadSamples::Skip`], left out and listed; panics in sources
 //!   or transforms become errors; decoders run with size limits.
@@ -78,30 +89,32 @@ mod order;
 mod pipeline;
 mod pool;
 mod rng;
-mod source;
-mod stats;
+pub mod source;
+pub mod stats;
 mod transform;
 mod tune;
 pub mod write;
 
 pub use cache::CacheMode;
-pub use decode::{decode_rgb_into, JPEG_DECODER};
-pub use device::NormalizeAt;
 pub use error::{error_chain, Error, Result};
-pub use layout::{Output, Slot, IMAGENET_MEAN, IMAGENET_STD};
-pub use order::sampler::Sampler;
+pub use geometry::Size;
+pub use layout::{FloatType, NormalizeAt, Output, IMAGENET_MEAN, IMAGENET_STD};
 pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
-pub use source::{
-    open_path, shard_paths, Compression, Damage, FileList, ImageFolder, MemorySource, Record,
-    RecordStream, SafetensorsShards, ShardInfo, ShardOptions, Source, TfRecord, TfRecordOptions,
-    WebDataset, WebDatasetOptions,
-};
-pub use stats::trace::Trace;
-pub use stats::SampleTimes;
-pub use stats::{Stage, StageRates, Stats, Verdict};
-pub use transform::{ImageTransform, Transforms};
-pub use tune::{TuneStep, AUTOTUNE};
+pub use source::{open_path, Source};
+pub use transform::Transforms;
+pub use tune::{Setting, AUTOTUNE};
+
+/// The per-sample code the loader runs, for benchmarks and tests that time
+/// or check it outside the pipeline. Not part of the API: it changes with
+/// the pipeline, without notice.
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::decode::{decode_rgb_into, JPEG_DECODER};
+    pub use crate::layout::{HostLayout, Slot};
+    pub use crate::stats::SampleTimes;
+    pub use crate::transform::ImageTransform;
+}
 
 /// Locks `m`, going on when another holder panicked: the data behind every
 /// lock in this crate is kept consistent by plain stores, so poisoning

@@ -71,9 +71,9 @@ pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'stat
 
 /// A shard table of `count` made-up shards of `records` records each, for
 /// a user `Source` that implements `shards()` (streaming-mode tests).
-pub fn fake_shards(count: usize, records: usize) -> Vec<candle_wick::ShardInfo> {
+pub fn fake_shards(count: usize, records: usize) -> Vec<candle_wick::source::ShardInfo> {
     (0..count)
-        .map(|s| candle_wick::ShardInfo {
+        .map(|s| candle_wick::source::ShardInfo {
             path: PathBuf::from(format!("shard{s}")),
             records,
             first: records * s,

@@ -1,7 +1,8 @@
 //! A corrupt, an empty and a missing file: an error naming the file under
 //! `fail`; counted and skipped under `skip` with every other sample delivered.
 
-use candle_wick::{BadSamples, FileList, Loader};
+use candle_wick::source::FileList;
+use candle_wick::{BadSamples, Loader};
 use std::collections::HashSet;
 use std::path::Path;
 use tests::{encode, pattern};
@@ -105,13 +106,13 @@ fn skip_policy_counts_and_lists_bad_files_and_delivers_the_rest() {
 /// sample `i` an empty file.
 fn skipping_loader(bad: impl Fn(usize) -> bool) -> Loader {
     let png = encode(&pattern(8, 8, 4), image::ImageFormat::Png);
-    let records: Vec<candle_wick::Record> = (0..8)
+    let records: Vec<candle_wick::source::Record> = (0..8)
         .map(|i| {
             let bytes = if bad(i) { Vec::new() } else { png.clone() };
-            candle_wick::Record::encoded(format!("s{i}"), bytes, 0)
+            candle_wick::source::Record::encoded(format!("s{i}"), bytes, 0)
         })
         .collect();
-    Loader::builder(candle_wick::MemorySource::new(records))
+    Loader::builder(candle_wick::source::MemorySource::new(records))
         .batch_size(4)
         .image_size(8)
         .bad_samples(BadSamples::Skip)
@@ -168,7 +169,13 @@ fn skipping_keeps_each_image_with_its_key() {
             let mut want = vec![0u8; slot];
             loader
                 .transform()
-                .apply(key, &bytes, 1, index, candle_wick::Slot::U8(&mut want))
+                .apply(
+                    key,
+                    &bytes,
+                    1,
+                    index,
+                    candle_wick::__bench::Slot::U8(&mut want),
+                )
                 .unwrap();
             assert_eq!(
                 &pixels[j * slot..(j + 1) * slot],

@@ -4,7 +4,8 @@
 //! error. The heap the loader really holds is measured with a counting
 //! allocator (so this binary has one test).
 
-use candle_wick::{ImageFolder, Loader, Output, Transforms};
+use candle_wick::source::ImageFolder;
+use candle_wick::{Loader, Output, Transforms};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 
@@ -91,22 +92,13 @@ fn tiny_budget_bounds_memory_not_progress() {
         "{}",
         s.report()
     );
+    // Whatever AUTOTUNE measured, a second worker never fit. (That it grows
+    // a knob only when it fits, and what it grows when there is room, is
+    // its decision function's to show, without a clock: the unit tests of
+    // `tune/policy.rs`.)
     assert_eq!(l.workers(), 1, "{:?}", l.autotune_history());
     let h = l.autotune_history();
-    assert!(!h.is_empty(), "AUTOTUNE ran (and grew what fits)");
     assert!(h.iter().all(|t| t.workers == 1), "{h:?}");
-
-    // The same run with room to spare: AUTOTUNE adds the second worker.
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
-        let mut l = build(1 << 30).unwrap();
-        for epoch in 0..3 {
-            for b in l.epoch(epoch) {
-                b.unwrap();
-            }
-        }
-        let h = l.autotune_history();
-        assert!(h.iter().any(|t| t.workers == 2), "{h:?}");
-    }
 
     // Below what four 6 KB batch buffers need: an error that says so.
     let err = build(20_000).unwrap_err().to_string();

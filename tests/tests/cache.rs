@@ -2,7 +2,8 @@
 //! read nothing from the source, batches are bit-identical to an uncached
 //! run (keys included), and what does not fit the budget stays uncached (no eviction).
 
-use candle_wick::{CacheMode, ImageFolder, Loader, Output, Record, Source, Transforms};
+use candle_wick::source::{ImageFolder, Record};
+use candle_wick::{CacheMode, Loader, Output, Source, Transforms};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -34,7 +35,7 @@ fn run_then(
     cache: Option<(CacheMode, Option<std::path::PathBuf>)>,
     budget: u64,
     after_first: &dyn Fn(),
-) -> (Vec<Vec<u8>>, Vec<usize>, candle_wick::Stats) {
+) -> (Vec<Vec<u8>>, Vec<usize>, candle_wick::stats::Stats) {
     let reads = Arc::new(AtomicUsize::new(0));
     let mut b = Loader::builder(Counting(ImageFolder::new(root).unwrap(), reads.clone()))
         .batch_size(4)

@@ -2,7 +2,8 @@
 //! loader leaves no loader thread alive. One test in this binary, so no
 //! other test's threads are counted.
 
-use candle_wick::{Loader, Record, Result, Source};
+use candle_wick::source::Record;
+use candle_wick::{Loader, Result, Source};
 use std::time::{Duration, Instant};
 use tests::{encode, pattern, thread_names};
 

@@ -3,7 +3,8 @@
 //! not read after the drop. Its own binary, so no other test loads the
 //! machine while it measures.
 
-use candle_wick::{Loader, Record, Source};
+use candle_wick::source::Record;
+use candle_wick::{Loader, Source};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

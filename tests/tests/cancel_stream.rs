@@ -2,7 +2,8 @@
 //! still reading past the batches before a resume point (`epoch_from`).
 //! Its own binary, so no other test loads the machine while it measures.
 
-use candle_wick::{Loader, Record, ShardInfo, Source};
+use candle_wick::source::{Record, ShardInfo};
+use candle_wick::{Loader, Source};
 use std::time::{Duration, Instant};
 use tests::{encode, pattern};
 

@@ -1,7 +1,8 @@
 //! CMYK JPEGs and palette PNGs (fixtures written by Pillow) become RGB with
 //! the colours Pillow's `convert("RGB")` gives.
 
-use candle_wick::{ImageTransform, Output, Slot, Transforms};
+use candle_wick::__bench::{HostLayout, ImageTransform, Slot};
+use candle_wick::{Size, Transforms};
 
 fn decode(name: &str, size: usize) -> Vec<u8> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -9,9 +10,8 @@ fn decode(name: &str, size: usize) -> Vec<u8> {
     // Resize to the image's own size: no resampling, the pixels as decoded.
     let t = ImageTransform::new(
         Transforms::ResizeCenterCrop { resize: size },
-        Output::U8Nhwc,
-        size,
-        size,
+        HostLayout::U8Nhwc,
+        Size::square(size),
         0,
     )
     .unwrap();

@@ -17,10 +17,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_wick::__test::Guard;
+use candle_wick::source::{ImageFolder, SafetensorsShards};
 use candle_wick::write::{SafetensorsWriter, ShardSample, ShardWriter};
-use candle_wick::{
-    BadSamples, ImageFolder, Loader, LoaderBuilder, NormalizeAt, Output, SafetensorsShards,
-};
+use candle_wick::{BadSamples, FloatType, Loader, LoaderBuilder, NormalizeAt, Output};
 use std::path::Path;
 use tests::image_folder;
 
@@ -108,15 +107,13 @@ fn run(mut loader: Loader, work: impl Fn(&Device)) -> Vec<(Vec<u32>, Vec<u32>)> 
     kept.iter().map(|(i, l)| (host(i), host(l))).collect()
 }
 
-fn folder_loader(root: &Path, output: Output, at: NormalizeAt, dtype: DType) -> LoaderBuilder {
+fn folder_loader(root: &Path, output: Output) -> LoaderBuilder {
     Loader::builder(ImageFolder::new(root).unwrap())
         .batch_size(8)
         .image_size(32)
         .train_transforms()
         .shuffle(7)
         .output(output)
-        .normalize_at(at)
-        .dtype(dtype)
         .prefetch(2)
         .batches_in_flight(3)
 }
@@ -125,30 +122,29 @@ fn folder_loader(root: &Path, output: Output, at: NormalizeAt, dtype: DType) -> 
 fn every_output_on_both_device_kinds_equals_the_cpu_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     image_folder(dir.path(), 4, 21);
+    let (host, device) = (NormalizeAt::Host, NormalizeAt::Device);
+    let imagenet = Output::imagenet();
     let cases = [
-        (Output::U8Nhwc, NormalizeAt::Host, DType::U8),
-        (Output::imagenet(), NormalizeAt::Host, DType::F32),
-        (Output::imagenet(), NormalizeAt::Device, DType::F32),
-        (Output::imagenet(), NormalizeAt::Device, DType::BF16),
-        (Output::imagenet(), NormalizeAt::Device, DType::F16),
-        (Output::imagenet(), NormalizeAt::Host, DType::BF16),
+        Output::U8Nhwc,
+        imagenet.normalized_at(host),
+        imagenet.normalized_at(device),
+        imagenet.with_dtype(FloatType::BF16).normalized_at(device),
+        imagenet.with_dtype(FloatType::F16).normalized_at(device),
+        imagenet.with_dtype(FloatType::BF16).normalized_at(host),
     ];
-    for (output, at, dtype) in cases {
+    for output in cases {
         // The CPU reference normalizes on the host: the device's fused
         // normalize must give the same bits.
-        let reference = folder_loader(dir.path(), output, NormalizeAt::Host, dtype)
+        let reference = folder_loader(dir.path(), output.normalized_at(host))
             .build()
             .unwrap();
         let cpu = run(reference, |_| {});
         for (kind, device) in devices() {
-            let loader = on(folder_loader(dir.path(), output, at, dtype), &device)
+            let loader = on(folder_loader(dir.path(), output), &device)
                 .build()
                 .unwrap();
             let gpu = run(loader, |_| {});
-            assert!(
-                gpu == cpu,
-                "{kind} {output:?} {at:?} {dtype:?}: differs from the CPU"
-            );
+            assert!(gpu == cpu, "{kind} {output:?}: differs from the CPU");
         }
     }
 }
@@ -201,8 +197,7 @@ fn large_batches_under_a_busy_consumer_arrive_intact() {
             .image_size(size)
             .eval_transforms()
             .shuffle(3)
-            .output(output)
-            .normalize_at(NormalizeAt::Device)
+            .output(output.normalized_at(NormalizeAt::Device))
             .prefetch(prefetch)
             .batches_in_flight(3);
         on(b, device).build().unwrap()
@@ -234,8 +229,7 @@ fn large_batches_under_a_busy_consumer_arrive_intact() {
             .image_size(size)
             .eval_transforms()
             .shuffle(3)
-            .output(output)
-            .normalize_at(NormalizeAt::Host);
+            .output(output.normalized_at(NormalizeAt::Host));
             run(b.build().unwrap(), |_| {})
         };
         for (kind, device) in untracked() {
@@ -316,9 +310,7 @@ fn skipped_samples_dropped_epochs_and_held_batches_stay_correct() {
     let build = |device: &Device| {
         let b = folder_loader(
             dir.path(),
-            Output::imagenet(),
-            NormalizeAt::Host,
-            DType::F32,
+            Output::imagenet().normalized_at(NormalizeAt::Host),
         )
         .bad_samples(BadSamples::Skip);
         on(b, device).build().unwrap()

@@ -1,7 +1,8 @@
 //! Same seed => bit-identical batches whatever the workers and prefetch depth;
 //! epochs differ; an unshuffled loader keeps the source order.
 
-use candle_wick::{ImageFolder, Loader, Output};
+use candle_wick::source::ImageFolder;
+use candle_wick::{Loader, Output};
 use tests::image_folder;
 
 type Run = Vec<(Vec<u8>, Vec<u32>, Vec<String>)>;

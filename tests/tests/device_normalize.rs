@@ -3,18 +3,18 @@
 //! normalization, for every float output type.
 
 use candle_core::{DType, Device};
-use candle_wick::{ImageFolder, Loader, NormalizeAt, Output};
+use candle_wick::source::ImageFolder;
+use candle_wick::{FloatType, Loader, NormalizeAt, Output};
 use tests::image_folder;
 
-fn epoch(root: &std::path::Path, at: NormalizeAt, dtype: DType) -> Vec<(Vec<u32>, Vec<u32>)> {
+fn epoch(root: &std::path::Path, at: NormalizeAt, float: FloatType) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let dtype = DType::from(float);
     let mut loader = Loader::builder(ImageFolder::new(root).unwrap())
         .batch_size(5)
         .image_size(24)
         .train_transforms()
         .shuffle(3)
-        .output(Output::imagenet())
-        .normalize_at(at)
-        .dtype(dtype)
+        .output(Output::imagenet().with_dtype(float).normalized_at(at))
         .device(Device::Cpu)
         .build()
         .unwrap();
@@ -44,7 +44,7 @@ fn epoch(root: &std::path::Path, at: NormalizeAt, dtype: DType) -> Vec<(Vec<u32>
 fn device_normalization_has_the_hosts_bits() {
     let dir = tempfile::tempdir().unwrap();
     image_folder(dir.path(), 3, 7);
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
+    for dtype in [FloatType::F32, FloatType::BF16, FloatType::F16] {
         let host = epoch(dir.path(), NormalizeAt::Host, dtype);
         let device = epoch(dir.path(), NormalizeAt::Device, dtype);
         assert_eq!(host.len(), 5);

@@ -2,7 +2,8 @@
 //! epoch (a stale acknowledgement, batches of two epochs mixed, buffers
 //! never returned) nor hang the loader's drop.
 
-use candle_wick::{Loader, Record, Source};
+use candle_wick::source::Record;
+use candle_wick::{Loader, Source};
 use std::time::Duration;
 use tests::{encode, pattern};
 

@@ -3,7 +3,8 @@
 //! sleeps until a batch is taken, it does not poll. One test in this
 //! binary, so the only upload thread is this test's.
 
-use candle_wick::{Loader, MemorySource, Output, Record};
+use candle_wick::source::{MemorySource, Record};
+use candle_wick::{Loader, Output};
 use std::time::Duration;
 use tests::{encode, pattern};
 

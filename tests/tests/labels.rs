@@ -1,6 +1,7 @@
 //! Labels in batches match the ImageFolder class of each file.
 
-use candle_wick::{ImageFolder, Loader};
+use candle_wick::source::ImageFolder;
+use candle_wick::Loader;
 use std::path::Path;
 use tests::image_folder;
 

@@ -3,7 +3,8 @@
 //! key is asked for on the error path), and one that panics while streamed
 //! by the feeder thread; the loader goes on with the next epoch.
 
-use candle_wick::{Error, Loader, Record, ShardInfo, Source};
+use candle_wick::source::{Record, ShardInfo};
+use candle_wick::{Error, Loader, Source};
 use tests::{encode, pattern};
 
 /// 8 PNGs; index `bad` panics in `read` and in `key`, and records

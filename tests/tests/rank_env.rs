@@ -2,7 +2,8 @@
 //! single shard on which every rank would train on the same batches. Its
 //! own test binary: it sets the process environment.
 
-use candle_wick::{Loader, MemorySource, Record};
+use candle_wick::source::{MemorySource, Record};
+use candle_wick::Loader;
 
 fn source() -> MemorySource {
     MemorySource::new(

@@ -2,7 +2,8 @@
 //! lets this pool thread run another of the loader's jobs while it waits)
 //! does not deadlock the loader at its worker gate.
 
-use candle_wick::{Loader, Record, Source};
+use candle_wick::source::Record;
+use candle_wick::{Loader, Source};
 use std::time::Duration;
 use tests::{encode, pattern};
 

@@ -2,7 +2,9 @@
 //! faster than the loader and not input-bound when it is slower; the trace
 //! holds every stage and the training loop on one timeline.
 
-use candle_wick::{ImageFolder, Loader, Output, Stage, Transforms, Verdict};
+use candle_wick::source::ImageFolder;
+use candle_wick::stats::{Stage, Verdict};
+use candle_wick::{Loader, Output, Transforms};
 use std::time::{Duration, Instant};
 
 fn loader(root: &std::path::Path, trace: bool) -> Loader {

@@ -2,7 +2,8 @@
 //! torchvision's `antialias=True` follows) on reference outputs that Pillow
 //! wrote (tests/fixtures/make_resize_reference.py).
 
-use candle_wick::{ImageTransform, Output, Slot, Transforms};
+use candle_wick::__bench::{HostLayout, ImageTransform, Slot};
+use candle_wick::{Size, Transforms};
 use image::ImageReader;
 
 fn fixture(name: &str) -> image::RgbImage {
@@ -19,14 +20,13 @@ fn check(src: &str, reference: &str, tolerance: u8) {
     let want = fixture(reference);
     let t = ImageTransform::new(
         Transforms::ResizeCenterCrop { resize: 24 },
-        Output::U8Nhwc,
-        24,
-        24,
+        HostLayout::U8Nhwc,
+        Size::square(24),
         0,
     )
     .unwrap();
     let mut out = vec![0u8; t.slot_len()];
-    let wh = (src.width() as usize, src.height() as usize);
+    let wh = Size::new(src.width() as usize, src.height() as usize);
     t.apply_decoded("ref", src.as_raw(), wh, 0, 0, Slot::U8(&mut out))
         .unwrap();
     let worst = out

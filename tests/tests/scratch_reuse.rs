@@ -3,7 +3,8 @@
 //! image decoded right after a large one on the same thread gives the bytes it gives on a fresh thread, for every
 //! kind of JPEG the encoder here writes (RGB, grayscale) and for PNG.
 
-use candle_wick::{ImageTransform, Output, Slot, Transforms};
+use candle_wick::__bench::{HostLayout, ImageTransform, Slot};
+use candle_wick::{Size, Transforms};
 use image::{DynamicImage, ImageFormat};
 use std::io::Cursor;
 
@@ -21,7 +22,13 @@ fn run(t: &ImageTransform, bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_small_image_after_a_large_one_decodes_as_on_a_fresh_thread() {
-    let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 24, 24, 5).unwrap();
+    let t = ImageTransform::new(
+        Transforms::train(),
+        HostLayout::U8Nhwc,
+        Size::new(24, 24),
+        5,
+    )
+    .unwrap();
     let rgb = |w, h, seed| DynamicImage::ImageRgb8(tests::pattern(w, h, seed));
     let cases = [
         (

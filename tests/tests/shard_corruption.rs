@@ -4,10 +4,10 @@
 //! Every byte flip and every truncation of small shards is tried too: no
 //! panic, no hang (a deterministic stand-in for a fuzz target).
 
-use candle_wick::{
-    BadSamples, Error, Loader, Output, SafetensorsShards, ShardOptions, Source, TfRecord,
-    TfRecordOptions, Transforms, WebDataset, WebDatasetOptions,
+use candle_wick::source::{
+    SafetensorsShards, ShardOptions, TfRecord, TfRecordOptions, WebDataset, WebDatasetOptions,
 };
+use candle_wick::{BadSamples, Error, Loader, Output, Source, Transforms};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {

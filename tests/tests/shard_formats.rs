@@ -3,10 +3,9 @@
 //! `tests/fixtures/shards/make_shards.py`) read back pixel for pixel, label
 //! for label, by random access, by streaming, and through the loader.
 
-use candle_wick::{
-    decode_rgb_into, BadSamples, Loader, Output, Record, SafetensorsShards, Source, TfRecord,
-    Transforms, WebDataset, WebDatasetOptions,
-};
+use candle_wick::__bench::decode_rgb_into;
+use candle_wick::source::{Record, SafetensorsShards, TfRecord, WebDataset, WebDatasetOptions};
+use candle_wick::{BadSamples, Loader, Output, Size, Source, Transforms};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -37,7 +36,10 @@ fn expected() -> Vec<(Vec<u8>, usize, usize, u32)> {
 
 fn check_record(r: &Record, want: &(Vec<u8>, usize, usize, u32), what: &str) {
     let mut px = Vec::new();
-    let (w, h) = decode_rgb_into(&r.key, &r.bytes, &mut px).unwrap();
+    let Size {
+        width: w,
+        height: h,
+    } = decode_rgb_into(&r.key, &r.bytes, &mut px).unwrap();
     assert_eq!((h, w), (want.1, want.2), "{what}: size of {}", r.key);
     assert_eq!(&px[..w * h * 3], &want.0[..], "{what}: pixels of {}", r.key);
     assert_eq!(r.label, want.3, "{what}: label of {}", r.key);
@@ -120,7 +122,7 @@ fn safetensors_written_by_safetensors() {
     let px = SafetensorsShards::open([fixture("st-pixels.safetensors")]).unwrap();
     for (i, w) in expected().iter().enumerate() {
         let r = px.read(i).unwrap();
-        assert_eq!(r.rgb_size, Some((16, 12)));
+        assert_eq!(r.rgb_size, Some(Size::new(16, 12)));
         assert_eq!(r.label, w.3);
         // The script stored the top-left 12x16 of each image.
         for y in 0..12 {

@@ -1,6 +1,7 @@
 //! Shards across ranks are disjoint, cover the epoch and have equal batch counts.
 
-use candle_wick::{Loader, MemorySource, Record};
+use candle_wick::source::{MemorySource, Record};
+use candle_wick::Loader;
 use std::collections::HashSet;
 use tests::{encode, pattern};
 

@@ -3,11 +3,10 @@
 //! shards across ranks; and `convert` writes shards that read back as the
 //! source they came from.
 
+use candle_wick::__bench::decode_rgb_into;
+use candle_wick::source::{ImageFolder, SafetensorsShards, TfRecord, WebDataset};
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
-use candle_wick::{
-    decode_rgb_into, ImageFolder, Loader, Output, SafetensorsShards, Source, TfRecord, Transforms,
-    WebDataset,
-};
+use candle_wick::{Loader, Output, Size, Source, Transforms};
 use std::path::Path;
 
 /// 21 images in 3 classes written as 6 TFRecord shards of up to 4 records.
@@ -153,8 +152,14 @@ fn convert_round_trips_every_format() {
     let mut px = Vec::new();
     for i in 0..10 {
         let (a, b) = (src.read(i).unwrap(), small.read(i).unwrap());
-        let (w0, h0) = decode_rgb_into(&a.key, &a.bytes, &mut px).unwrap();
-        let (w1, h1) = decode_rgb_into(&b.key, &b.bytes, &mut px).unwrap();
+        let Size {
+            width: w0,
+            height: h0,
+        } = decode_rgb_into(&a.key, &a.bytes, &mut px).unwrap();
+        let Size {
+            width: w1,
+            height: h1,
+        } = decode_rgb_into(&b.key, &b.bytes, &mut px).unwrap();
         let s = 20.0 / w0.max(h0) as f64;
         let want = (
             (w0 as f64 * s).round() as usize,
@@ -173,6 +178,10 @@ fn convert_round_trips_every_format() {
     let r = px_src.read(4).unwrap();
     assert_eq!(
         (r.rgb_size, r.bytes.len(), r.label),
-        (Some((16, 16)), 16 * 16 * 3, src.read(4).unwrap().label)
+        (
+            Some(Size::new(16, 16)),
+            16 * 16 * 3,
+            src.read(4).unwrap().label
+        )
     );
 }

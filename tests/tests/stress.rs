@@ -4,7 +4,8 @@
 //! early drop must leave nothing in flight, and every thread must end. A
 //! watchdog turns a hang into a failure.
 
-use candle_wick::{BadSamples, Loader, Record, Source, Transforms};
+use candle_wick::source::Record;
+use candle_wick::{BadSamples, Loader, Size, Source, Transforms};
 use std::time::{Duration, Instant};
 
 const N: usize = 53;
@@ -37,12 +38,12 @@ impl Source for Jittery {
         let bytes = (0..48)
             .map(|p| (mix((i * 48 + p) as u64) & 0xff) as u8)
             .collect();
-        Ok(Record {
-            key: format!("s{i}"),
+        Ok(Record::decoded(
+            format!("s{i}"),
             bytes,
-            label: (i % 5) as u32,
-            rgb_size: Some((4, 4)),
-        })
+            Size::square(4),
+            (i % 5) as u32,
+        ))
     }
 }
 

@@ -3,7 +3,8 @@
 //! limit and agree with each record's header. A lying index is an error
 //! naming it, never a huge allocation, a panic or an abort.
 
-use candle_wick::{Source, TfRecord};
+use candle_wick::source::TfRecord;
+use candle_wick::Source;
 use std::path::{Path, PathBuf};
 
 const TF: &str = "tf-00000-of-00002.tfrecord";

@@ -1,10 +1,9 @@
 //! Crop, resize, flip and normalize outputs checked against values computed
 //! here from the known input, not against the loader's own output.
 
-use candle_wick::{
-    ImageTransform, Loader, MemorySource, Output, Record, Slot, Transforms, IMAGENET_MEAN,
-    IMAGENET_STD,
-};
+use candle_wick::__bench::{HostLayout, ImageTransform, Slot};
+use candle_wick::source::{MemorySource, Record};
+use candle_wick::{Loader, Size, Transforms, IMAGENET_MEAN, IMAGENET_STD};
 use image::{ImageFormat, Rgb, RgbImage};
 use tests::encode;
 
@@ -31,9 +30,8 @@ fn eval_center_crop_takes_the_middle_window() {
     let img = RgbImage::from_fn(40, 32, |x, y| Rgb(px(x, y)));
     let t = ImageTransform::new(
         Transforms::ResizeCenterCrop { resize: 32 },
-        Output::U8Nhwc,
-        32,
-        32,
+        HostLayout::U8Nhwc,
+        Size::square(32),
         0,
     )
     .unwrap();
@@ -53,9 +51,8 @@ fn downscale_by_two_averages_with_the_antialiased_triangle_filter() {
     let img = RgbImage::from_fn(64, 64, |x, _| Rgb([(4 * x) as u8, 0, 0]));
     let t = ImageTransform::new(
         Transforms::ResizeCenterCrop { resize: 32 },
-        Output::U8Nhwc,
-        32,
-        32,
+        HostLayout::U8Nhwc,
+        Size::square(32),
         0,
     )
     .unwrap();
@@ -80,9 +77,8 @@ fn flip_mirrors_rows_and_happens_about_half_the_time() {
             ratio: (1.0, 1.0),
             flip: true,
         },
-        Output::U8Nhwc,
-        16,
-        16,
+        HostLayout::U8Nhwc,
+        Size::square(16),
         7,
     )
     .unwrap();
@@ -145,7 +141,13 @@ fn f32_output_is_planar_and_normalized() {
 fn random_resized_crop_draws_depend_only_on_seed_epoch_and_index() {
     let img = RgbImage::from_fn(50, 40, |x, y| Rgb(px(x, y)));
     let bytes = png(&img);
-    let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 12, 12, 11).unwrap();
+    let t = ImageTransform::new(
+        Transforms::train(),
+        HostLayout::U8Nhwc,
+        Size::new(12, 12),
+        11,
+    )
+    .unwrap();
     let a: Vec<_> = (0..6).map(|i| run_u8(&t, &bytes, i)).collect();
     let b: Vec<_> = (0..6).rev().map(|i| run_u8(&t, &bytes, i)).collect();
     assert!(

@@ -2,7 +2,8 @@
 //! accounting: the decode scratch one holds for large photos is not counted
 //! in the other's memory, which decodes small images.
 
-use candle_wick::{Loader, MemorySource, Output, Record};
+use candle_wick::source::{MemorySource, Record};
+use candle_wick::{Loader, Output};
 
 fn loader(side: u32, n: u32) -> Loader {
     let records = (0..n)

@@ -11,7 +11,8 @@ mod shapes;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use candle_wick::{ImageFolder, Loader, Transforms};
+use candle_wick::source::ImageFolder;
+use candle_wick::{Loader, Transforms};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -8,7 +8,8 @@
 use candle_core::cuda::cudarc::driver::PinnedHostSlice;
 use candle_core::cuda::WrapErr;
 use candle_core::{Device, Tensor};
-use candle_wick::{ImageFolder, Loader, Output};
+use candle_wick::source::ImageFolder;
+use candle_wick::{Loader, Output};
 use std::time::Instant;
 
 const BATCH_BYTES: usize = 64 * 224 * 224 * 3;

@@ -14,7 +14,7 @@ pub(crate) mod limits;
 pub(crate) mod turbo;
 
 use crate::error::{Error, Result};
-use crate::geometry::{relative, Crop, Window};
+use crate::geometry::{relative, Crop, Size, Window};
 use image::{DynamicImage, ImageReader, Limits};
 use limits::{MAX_ALLOC, MAX_SIDE};
 use std::io::Cursor;
@@ -98,7 +98,7 @@ pub(crate) fn decode_for_crop(
             }
         }
     }
-    let (width, height) = decode_rgb_into(key, bytes, out)?;
+    let Size { width, height } = decode_rgb_into(key, bytes, out)?;
     Ok(Decoded::Whole { width, height })
 }
 
@@ -108,7 +108,7 @@ pub(crate) fn decode_for_crop(
 /// calls so decoding allocates nothing. Grayscale,
 /// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
 /// `convert("RGB")` does). Errors name `key`.
-pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Size> {
     if bytes.is_empty() {
         return Err(Error::EmptyFile { key: key.into() });
     }
@@ -124,7 +124,7 @@ pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(us
             source: None,
         });
     }
-    Ok((w, h))
+    Ok(Size::new(w, h))
 }
 
 /// A decoder's error for sample `key`, kept whole as the source.
@@ -146,18 +146,16 @@ thread_local! {
 /// wick's own decoder does not decode whole (damaged below a crop window
 /// that still decodes, or a kind it leaves to zune-jpeg), and every JPEG
 /// when libjpeg-turbo decodes crop windows (the `turbojpeg` feature).
-pub(crate) fn decode_for_cache(
-    key: &str,
-    bytes: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<Option<(usize, usize)>> {
+pub(crate) fn decode_for_cache(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<Size>> {
     if !bytes.starts_with(&[0xFF, 0xD8]) {
         return decode_rgb_into(key, bytes, out).map(Some);
     }
     if cfg!(feature = "turbojpeg") {
         return Ok(None);
     }
-    Ok(own_whole(bytes, out).filter(|&(w, h)| w > 0 && h > 0))
+    Ok(own_whole(bytes, out)
+        .filter(|&(w, h)| w > 0 && h > 0)
+        .map(|(w, h)| Size::new(w, h)))
 }
 
 /// The whole image by wick's own JPEG decoder, or `None` where it declines.
@@ -242,7 +240,10 @@ mod tests {
 
     fn decode(bytes: &[u8]) -> (usize, usize, Vec<u8>) {
         let mut out = Vec::new();
-        let (w, h) = decode_rgb_into("t", bytes, &mut out).unwrap();
+        let Size {
+            width: w,
+            height: h,
+        } = decode_rgb_into("t", bytes, &mut out).unwrap();
         (w, h, out)
     }
 
@@ -265,7 +266,10 @@ mod tests {
         let img = RgbImage::from_pixel(17, 9, Rgb([200, 40, 90]));
         let jpeg = encode(img.into(), ImageFormat::Jpeg);
         let mut out = vec![1u8; 10_000];
-        let (w, h) = decode_rgb_into("j", &jpeg, &mut out).unwrap();
+        let Size {
+            width: w,
+            height: h,
+        } = decode_rgb_into("j", &jpeg, &mut out).unwrap();
         assert_eq!(
             (w, h, out.len()),
             (17, 9, 10_000),

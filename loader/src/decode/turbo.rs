@@ -171,7 +171,8 @@ fn decode_with(
 #[cfg(test)]
 mod tests {
     use crate::decode::decode_rgb_into;
-    use crate::layout::{Output, Slot};
+    use crate::geometry::Size;
+    use crate::layout::{HostLayout, Slot};
     use crate::transform::{ImageTransform, Transforms};
     use image::{ImageFormat, Rgb, RgbImage};
 
@@ -208,14 +209,21 @@ mod tests {
     #[test]
     fn crop_decode_matches_full_decode() {
         let bytes = jpeg(403, 354);
-        let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 64, 64, 3).unwrap();
+        let t = ImageTransform::new(Transforms::train(), HostLayout::U8Nhwc, Size::square(64), 3)
+            .unwrap();
         for index in 0..20 {
             let d = mean_diff(&bytes, &t, index);
             // DCT downscaling (crops >= 2x the output) differs a little from
             // an antialiased resize of the full decode; plain crops barely.
             assert!(d < 3.0, "sample {index}: mean difference {d}");
         }
-        let t = ImageTransform::new(Transforms::eval(224), Output::U8Nhwc, 224, 224, 0).unwrap();
+        let t = ImageTransform::new(
+            Transforms::eval(224),
+            HostLayout::U8Nhwc,
+            Size::square(224),
+            0,
+        )
+        .unwrap();
         assert!(mean_diff(&bytes, &t, 0) < 1.5);
     }
 }

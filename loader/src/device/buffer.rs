@@ -4,7 +4,7 @@
 
 use super::cuda::Pinned;
 use crate::error::Result;
-use crate::layout::{Output, Slot};
+use crate::layout::{HostLayout, Slot};
 
 /// The storage of one batch's images.
 #[derive(Debug)]
@@ -103,14 +103,14 @@ fn advise_huge_pages<T>(v: &mut [T]) {
 /// pages are faulted in by the first write; asking for huge pages makes
 /// that 512x fewer faults, which matters on the CPU where every batch is
 /// a new buffer (it becomes the tensor).
-pub(crate) fn heap(output: Output, elems: usize) -> HostBuf {
+pub(crate) fn heap(output: HostLayout, elems: usize) -> HostBuf {
     match output {
-        Output::U8Nhwc => {
+        HostLayout::U8Nhwc => {
             let mut v = vec![0u8; elems];
             advise_huge_pages(&mut v);
             HostBuf::U8(v)
         }
-        Output::F32Nchw { .. } => {
+        HostLayout::F32Nchw { .. } => {
             let mut v = vec![0f32; elems];
             advise_huge_pages(&mut v);
             HostBuf::F32(v)

@@ -37,7 +37,7 @@ use super::ring::{Guard, Guards, Ring, Staged, Streams};
 use super::HostBuf;
 use super::On;
 use crate::error::{Error, Result};
-use crate::layout::Output;
+use crate::layout::HostLayout;
 use candle_core::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaStream, DevicePtrMut, PinnedHostSlice, ValidAsZeroBits,
 };
@@ -134,13 +134,13 @@ pub(crate) fn pinned_buffer(
     dev: &CudaDevice,
     elems: usize,
     labels: usize,
-    output: Output,
+    output: HostLayout,
     guards: Guards,
 ) -> Result<HostBuf> {
     let guard = guards.on(Guard::Pinned);
     Ok(match output {
-        Output::U8Nhwc => HostBuf::PinnedU8(pinned::<u8>(dev, elems, labels, guard)?),
-        Output::F32Nchw { .. } => HostBuf::PinnedF32(pinned::<f32>(dev, elems, labels, guard)?),
+        HostLayout::U8Nhwc => HostBuf::PinnedU8(pinned::<u8>(dev, elems, labels, guard)?),
+        HostLayout::F32Nchw { .. } => HostBuf::PinnedF32(pinned::<f32>(dev, elems, labels, guard)?),
     })
 }
 

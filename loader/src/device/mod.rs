@@ -53,7 +53,7 @@ pub(crate) mod normalize;
 pub(crate) mod ring;
 
 use crate::error::{Error, Result};
-use crate::layout::Output;
+use crate::layout::{HostLayout, NormalizeAt, Output};
 pub(crate) use buffer::HostBuf;
 use candle_core::{DType, Device, Shape, Tensor};
 use normalize::NormalizeU8;
@@ -75,21 +75,6 @@ impl<T, E: std::error::Error + Send + Sync + 'static> On<T> for std::result::Res
     }
 }
 
-/// Where the `u8 -> f32` conversion, NCHW permutation and normalization of
-/// [`Output::F32Nchw`] happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NormalizeAt {
-    /// On the device for GPUs, on the host for the CPU.
-    #[default]
-    Auto,
-    /// The decode workers write normalized `f32` NCHW; `f32` is uploaded.
-    Host,
-    /// The workers write `u8` NHWC, which is uploaded and normalized on the
-    /// device in one fused pass (as FFCV and DALI do), with the same bits as
-    /// the host's normalization.
-    Device,
-}
-
 /// What becomes of the images after they reach the device.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Finish {
@@ -98,56 +83,51 @@ pub(crate) struct Finish {
     pub(crate) normalize: Option<NormalizeU8>,
     /// The images' final element type.
     pub(crate) dtype: DType,
+    /// What the decode workers write.
+    pub(crate) host: HostLayout,
 }
 
 impl Finish {
-    /// Validates the output settings and picks where to normalize.
-    pub(crate) fn new(
-        output: Output,
-        at: NormalizeAt,
-        dtype: Option<DType>,
-        device: &Device,
-    ) -> Result<Self> {
-        let Output::F32Nchw { mean, std } = output else {
-            return match dtype {
-                None | Some(DType::U8) => Ok(Self {
-                    normalize: None,
-                    dtype: DType::U8,
-                }),
-                Some(d) => Err(Error::InvalidConfig(format!(
-                    "dtype {d:?} needs Output::F32Nchw; u8 NHWC output is always u8"
-                ))),
-            };
+    /// Validates the output and picks where to normalize.
+    pub(crate) fn new(output: Output, device: &Device) -> Result<Self> {
+        let Output::Normalized {
+            mean,
+            std,
+            dtype,
+            at,
+        } = output
+        else {
+            return Ok(Self {
+                normalize: None,
+                dtype: DType::U8,
+                host: HostLayout::U8Nhwc,
+            });
         };
-        let dtype = dtype.unwrap_or(DType::F32);
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(Error::InvalidConfig(format!(
-                "dtype {dtype:?} is not a float type: use F32, BF16 or F16"
-            )));
-        }
+        let dtype = DType::from(dtype);
         if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
             return Err(Error::InvalidConfig(format!(
                 "normalize std must be non-zero, got {std:?}"
             )));
         }
         let on_device = match at {
-            NormalizeAt::Auto => !device.is_cpu(),
             NormalizeAt::Host => false,
             NormalizeAt::Device => true,
+            _ => !device.is_cpu(),
         };
         Ok(Self {
             normalize: on_device.then(|| NormalizeU8::new(mean, std, dtype)),
             dtype,
+            host: if on_device {
+                HostLayout::U8Nhwc
+            } else {
+                HostLayout::F32Nchw { mean, std }
+            },
         })
     }
 
     /// What the decode workers write: u8 when the device normalizes.
-    pub(crate) fn host_output(&self, output: Output) -> Output {
-        if self.normalize.is_some() {
-            Output::U8Nhwc
-        } else {
-            output
-        }
+    pub(crate) fn host_layout(&self) -> HostLayout {
+        self.host
     }
 
     /// Converts images already on the device (CPU, Metal).
@@ -261,14 +241,14 @@ pub(crate) struct Geometry {
     pub(crate) height: usize,
     pub(crate) width: usize,
     /// What the decode workers write.
-    pub(crate) host_output: Output,
+    pub(crate) host_output: HostLayout,
 }
 
 impl Geometry {
     fn shape(&self, n: usize) -> Shape {
         match self.host_output {
-            Output::U8Nhwc => (n, self.height, self.width, 3).into(),
-            Output::F32Nchw { .. } => (n, 3, self.height, self.width).into(),
+            HostLayout::U8Nhwc => (n, self.height, self.width, 3).into(),
+            HostLayout::F32Nchw { .. } => (n, 3, self.height, self.width).into(),
         }
     }
 
@@ -288,8 +268,8 @@ impl Uploader {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
             let elem = match geo.host_output {
-                Output::U8Nhwc => 1,
-                Output::F32Nchw { .. } => 4,
+                HostLayout::U8Nhwc => 1,
+                HostLayout::F32Nchw { .. } => 4,
             };
             let cuda_finish = match finish.normalize {
                 Some(op) => cuda::Finish::Normalize(op),

@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 ///   smaller batches per rank. Unlike PyTorch's `DistributedSampler`, no
 ///   sample is repeated to pad the shards.
 #[derive(Debug, Clone)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     len: usize,
     batch_size: usize,
     seed: Option<u64>,
@@ -37,6 +37,16 @@ pub(crate) struct Plan {
     pub(crate) batches: Vec<std::ops::Range<usize>>,
 }
 
+impl Plan {
+    /// This rank's batches, as source indices.
+    pub(crate) fn batch_indices(&self) -> Vec<Vec<usize>> {
+        self.batches
+            .iter()
+            .map(|r| self.order[r.clone()].to_vec())
+            .collect()
+    }
+}
+
 /// `m` split into `parts` contiguous sizes differing by at most one, larger first.
 fn split_even(m: usize, parts: usize) -> impl Iterator<Item = usize> {
     let (q, r) = (m / parts, m % parts);
@@ -52,7 +62,7 @@ impl Sampler {
     /// counts without repeating or dropping samples (fewer samples than
     /// ranks; or batch size 1 with a tail shorter than the number of ranks):
     /// set `drop_last` then. A sampler that builds has at least one batch.
-    pub fn new(
+    pub(crate) fn new(
         len: usize,
         batch_size: usize,
         seed: Option<u64>,
@@ -101,7 +111,7 @@ impl Sampler {
     }
 
     /// Batches this rank gets per epoch (the same for every epoch and rank).
-    pub fn num_batches(&self) -> usize {
+    pub(crate) fn num_batches(&self) -> usize {
         let step = self.world_size * self.batch_size;
         let (full, tail) = (self.len / step, self.len % step);
         // A short tail adds one batch; a tail shorter than the rank count
@@ -120,15 +130,6 @@ impl Sampler {
             order.shuffle(&mut keyed_rng(seed, epoch, Purpose::Shuffle, 0));
         }
         order
-    }
-
-    /// This rank's batches of `epoch`, as source indices.
-    pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        let plan = self.plan(epoch);
-        plan.batches
-            .iter()
-            .map(|r| plan.order[r.clone()].to_vec())
-            .collect()
     }
 
     pub(crate) fn plan(&self, epoch: u64) -> Plan {
@@ -182,7 +183,7 @@ mod tests {
         let mut seen = HashSet::new();
         let nb = samplers[0].num_batches();
         for s in &samplers {
-            let batches = s.batches(3);
+            let batches = s.plan(3).batch_indices();
             assert_eq!(batches.len(), nb, "len {len} bs {bs} ws {ws}");
             for b in &batches {
                 assert!(
@@ -231,7 +232,7 @@ mod tests {
     fn unshuffled_is_source_order_and_shuffle_changes_per_epoch() {
         let s = Sampler::new(10, 4, None, false, 0, 1).unwrap();
         assert_eq!(
-            s.batches(0),
+            s.plan(0).batch_indices(),
             vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
         );
         let s = Sampler::new(100, 10, Some(1), false, 0, 1).unwrap();

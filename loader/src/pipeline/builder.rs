@@ -5,9 +5,10 @@ use super::fill::BadSamples;
 use super::loader::{Loader, Order};
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
-use crate::device::{Finish, Geometry, Guards, NormalizeAt};
+use crate::device::{Finish, Geometry, Guards};
 use crate::error::{Error, Result};
-use crate::layout::Output;
+use crate::geometry::Size;
+use crate::layout::{HostLayout, Output};
 use crate::order::sampler::Sampler;
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
@@ -15,8 +16,8 @@ use crate::source::Source;
 use crate::stats::trace::Trace;
 use crate::stats::Counters;
 use crate::transform::{ImageTransform, Transforms};
-use crate::tune::{default_budget, Auto, Budget, Gate, Knobs, Tuner, MAX_QUEUE};
-use candle_core::{DType, Device};
+use crate::tune::{default_budget, Auto, Budget, Gate, Knobs, Setting, Tuner, MAX_QUEUE};
+use candle_core::Device;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -33,20 +34,18 @@ pub(super) enum TransformChoice {
 pub struct LoaderBuilder {
     pub(super) source: Arc<dyn Source>,
     pub(super) batch_size: usize,
-    pub(super) workers: usize,
-    pub(super) prefetch: usize,
-    pub(super) in_flight: usize,
+    pub(super) workers: Setting,
+    pub(super) prefetch: Setting,
+    pub(super) in_flight: Setting,
     pub(super) shuffle: Option<u64>,
     pub(super) seed: Option<u64>,
     pub(super) drop_last: bool,
-    pub(super) size: (usize, usize),
+    pub(super) size: Size,
     pub(super) transforms: TransformChoice,
     pub(super) output: Output,
     pub(super) device: Device,
     pub(super) shard: Option<(usize, usize)>,
     pub(super) bad_samples: BadSamples,
-    pub(super) normalize_at: NormalizeAt,
-    pub(super) dtype: Option<DType>,
     pub(super) interleave: Option<Interleave>,
     pub(super) shuffle_buffer: Option<usize>,
     pub(super) ram_budget: Option<u64>,
@@ -61,20 +60,18 @@ impl LoaderBuilder {
         Self {
             source,
             batch_size: 32,
-            workers: 0,
-            prefetch: 0,
-            in_flight: 0,
+            workers: Setting::Auto,
+            prefetch: Setting::Auto,
+            in_flight: Setting::Auto,
             shuffle: None,
             seed: None,
             drop_last: false,
-            size: (224, 224),
+            size: Size::square(224),
             transforms: TransformChoice::Eval,
             output: Output::imagenet(),
             device: Device::Cpu,
             shard: None,
             bad_samples: BadSamples::Fail,
-            normalize_at: NormalizeAt::Auto,
-            dtype: None,
             interleave: None,
             shuffle_buffer: None,
             ram_budget: None,
@@ -90,30 +87,32 @@ impl LoaderBuilder {
         self
     }
 
-    /// Decode workers. Default [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start
-    /// with one and add workers while the training loop waits for data and
+    /// Decode workers. Default [`AUTOTUNE`](crate::AUTOTUNE): start with
+    /// one and add workers while the training loop waits for data and
     /// throughput grows, up to the available cores and within the RAM
     /// budget, giving them back when they buy nothing (so a CPU trainer
-    /// keeps its cores). `n > 0` fixes the count.
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n;
+    /// keeps its cores). A number fixes the count (`0` is an error from
+    /// `build`).
+    pub fn workers(mut self, n: impl Into<Setting>) -> Self {
+        self.workers = n.into();
         self
     }
 
     /// Batches made into device tensors ahead of the consumer. Default
-    /// [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start at 1 and deepen while the
-    /// consumer waits and it helps (at most 8). `n > 0` fixes it.
-    pub fn prefetch(mut self, n: usize) -> Self {
-        self.prefetch = n;
+    /// [`AUTOTUNE`](crate::AUTOTUNE): start at 1 and deepen while the
+    /// consumer waits and it helps (at most 8). A number fixes it (`0` is
+    /// an error from `build`).
+    pub fn prefetch(mut self, n: impl Into<Setting>) -> Self {
+        self.prefetch = n.into();
         self
     }
 
     /// Host batch buffers being filled or waiting for upload at once: the
     /// memory bound of the decode stage. Default
-    /// [`AUTOTUNE`](crate::AUTOTUNE) (`0`): start at 2, grow while it helps
-    /// (at most 8). `n > 0` fixes it.
-    pub fn batches_in_flight(mut self, n: usize) -> Self {
-        self.in_flight = n;
+    /// [`AUTOTUNE`](crate::AUTOTUNE): start at 2, grow while it helps (at
+    /// most 8). A number fixes it (`0` is an error from `build`).
+    pub fn batches_in_flight(mut self, n: impl Into<Setting>) -> Self {
+        self.in_flight = n.into();
         self
     }
 
@@ -121,7 +120,7 @@ impl LoaderBuilder {
     /// prefetched, being uploaded and held by the consumer), the decode
     /// workers' scratch and the cache. AUTOTUNE never grows past it and the
     /// cache stops filling at it; `build` fails if the explicit settings
-    /// cannot fit. [`Stats::memory_peak`](crate::Stats::memory_peak) reports the peak. Default: a
+    /// cannot fit. [`Stats::memory_peak`](crate::stats::Stats::memory_peak) reports the peak. Default: a
     /// quarter of the memory available when the loader is built.
     ///
     /// A single image larger than the budget still decodes (the decoder's own
@@ -150,8 +149,8 @@ impl LoaderBuilder {
     }
 
     /// Record a timeline of every sample's decode, every upload and the
-    /// consumer's waits; add training steps with [`Trace::span`](crate::Trace::span) through
-    /// [`Loader::trace`], and write it with [`Trace::write_chrome_json`](crate::Trace::write_chrome_json).
+    /// consumer's waits; add training steps with [`Trace::span`](crate::stats::Trace::span) through
+    /// [`Loader::trace`], and write it with [`Trace::write_chrome_json`](crate::stats::Trace::write_chrome_json).
     /// Default off.
     pub fn trace(mut self, on: bool) -> Self {
         self.trace = on;
@@ -176,8 +175,8 @@ impl LoaderBuilder {
     /// WebDataset's `shardshuffle=True` + `.shuffle(n)` is
     /// `interleave(1, 1)` + `shuffle_buffer(n)`.
     ///
-    /// Needs a sharded source ([`crate::TfRecord`], [`crate::WebDataset`],
-    /// [`crate::SafetensorsShards`]); compressed TFRecords can only be read
+    /// Needs a sharded source ([`crate::source::TfRecord`], [`crate::source::WebDataset`],
+    /// [`crate::source::SafetensorsShards`]); compressed TFRecords can only be read
     /// this way. Default: random access, where the whole epoch is one
     /// permutation (a better shuffle when the storage allows random reads).
     pub fn interleave(mut self, cycle_length: usize, block_length: usize) -> Self {
@@ -216,15 +215,11 @@ impl LoaderBuilder {
         self
     }
 
-    /// Output images are `size x size`. Default 224.
-    pub fn image_size(mut self, size: usize) -> Self {
-        self.size = (size, size);
-        self
-    }
-
-    /// Output images are `height x width`. Default 224 x 224.
-    pub fn image_size_hw(mut self, height: usize, width: usize) -> Self {
-        self.size = (height, width);
+    /// Size of the output images: a number for a square (`image_size(224)`)
+    /// or a [`Size`] (`image_size(Size::new(320, 240))`, width first as
+    /// everywhere in wick). Default 224 x 224.
+    pub fn image_size(mut self, size: impl Into<Size>) -> Self {
+        self.size = size.into();
         self
     }
 
@@ -247,8 +242,11 @@ impl LoaderBuilder {
         self
     }
 
-    /// Element type and layout of the images. Default [`Output::imagenet`](crate::Output::imagenet):
-    /// `f32` NCHW normalized with ImageNet's mean and std.
+    /// What the images are: `u8` NHWC as decoded, or normalized floats
+    /// NCHW of a type, computed on the host or the device (one setting:
+    /// see [`Output`]). Default [`Output::imagenet`]: `f32` normalized with
+    /// ImageNet's mean and std, on the device for GPUs (u8 crosses the bus,
+    /// 4x fewer bytes than f32) and on the host for the CPU.
     pub fn output(mut self, output: Output) -> Self {
         self.output = output;
         self
@@ -266,21 +264,6 @@ impl LoaderBuilder {
     /// error from `build` when only one is.
     pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
         self.shard = Some((rank, world_size));
-        self
-    }
-
-    /// Where [`Output::F32Nchw`](crate::Output::F32Nchw) normalization happens. Default
-    /// [`NormalizeAt::Auto`](crate::NormalizeAt::Auto): on the device for GPUs (u8 crosses the bus, 4x
-    /// fewer bytes than f32), on the host for the CPU.
-    pub fn normalize_at(mut self, at: NormalizeAt) -> Self {
-        self.normalize_at = at;
-        self
-    }
-
-    /// Element type of the image tensors for [`Output::F32Nchw`](crate::Output::F32Nchw): `F32`
-    /// (default), `BF16` or `F16`, converted on the device.
-    pub fn dtype(mut self, dtype: DType) -> Self {
-        self.dtype = Some(dtype);
         self
     }
 
@@ -332,33 +315,43 @@ impl LoaderBuilder {
                 world_size,
             )?),
         };
-        let (h, w) = self.size;
+        let Size {
+            width: w,
+            height: h,
+        } = self.size;
         let transforms = match self.transforms {
             TransformChoice::Train => Transforms::train(),
             TransformChoice::Eval => Transforms::eval(h.max(w)),
             TransformChoice::Custom(t) => t,
         };
-        let finish = Finish::new(self.output, self.normalize_at, self.dtype, &self.device)?;
-        let host_output = finish.host_output(self.output);
+        let finish = Finish::new(self.output, &self.device)?;
+        let host_output = finish.host_layout();
         let seed = self.seed.or(self.shuffle).unwrap_or(0);
-        let transform = ImageTransform::new(transforms, host_output, h, w, seed)?;
+        let transform = ImageTransform::new(transforms, host_output, self.size, seed)?;
+        // Where AUTOTUNE starts each setting it owns.
+        let start = |name: &str, s: Setting, auto_start: usize| match s {
+            Setting::Fixed(0) => Err(Error::InvalidConfig(format!(
+                "{name}(0): give at least 1, or AUTOTUNE to let the loader tune it"
+            ))),
+            Setting::Fixed(n) => Ok((false, n)),
+            _ => Ok((true, auto_start)),
+        };
+        let (auto_workers, workers) = start("workers", self.workers, 1)?;
+        let (auto_in_flight, in_flight) = start("batches_in_flight", self.in_flight, 2)?;
+        let (auto_prefetch, prefetch) = start("prefetch", self.prefetch, 1)?;
         let auto = Auto {
-            workers: self.workers == 0,
-            in_flight: self.in_flight == 0,
-            prefetch: self.prefetch == 0,
+            workers: auto_workers,
+            in_flight: auto_in_flight,
+            prefetch: auto_prefetch,
         };
         let max_workers = if auto.workers {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
-            self.workers
+            workers
         };
-        let pick = |auto: bool, start: usize, n: usize| if auto { start } else { n };
-        let workers = pick(auto.workers, 1, self.workers);
-        let in_flight = pick(auto.in_flight, 2, self.in_flight);
-        let prefetch = pick(auto.prefetch, 1, self.prefetch);
         let elem = match host_output {
-            Output::U8Nhwc => 1,
-            Output::F32Nchw { .. } => 4,
+            HostLayout::U8Nhwc => 1,
+            HostLayout::F32Nchw { .. } => 4,
         };
         // Pinned buffers hold the labels too.
         let labels = if self.device.is_cuda() { 4 } else { 0 };

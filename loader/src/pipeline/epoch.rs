@@ -24,7 +24,8 @@ pub struct Skipped {
 /// One batch, on the loader's device.
 #[derive(Debug)]
 pub struct Batch {
-    /// `u8 [n, h, w, 3]` or `f32 [n, 3, h, w]`, as the loader's [`Output`](crate::Output) says.
+    /// `u8 [n, h, w, 3]`, or floats `[n, 3, h, w]` (`f32`, `bf16` or `f16`), as the
+    /// loader's [`Output`](crate::Output) says.
     pub images: Tensor,
     /// `u32 [n]` class indices.
     pub labels: Tensor,

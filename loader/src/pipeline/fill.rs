@@ -22,7 +22,7 @@ pub enum BadSamples {
     #[default]
     Fail,
     /// Leave the sample out: its batch is one shorter, the sample is listed
-    /// in [`Batch::skipped`](crate::Batch::skipped) and counted in [`Stats::skipped`](crate::Stats::skipped).
+    /// in [`Batch::skipped`](crate::Batch::skipped) and counted in [`Stats::skipped`](crate::stats::Stats::skipped).
     ///
     /// Every rank still gets the same number of batches (data-parallel
     /// ranks step together), so a batch whose samples were all bad is

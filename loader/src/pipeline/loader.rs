@@ -59,7 +59,8 @@ impl Loader {
     ///
     /// ```no_run
     /// # fn main() -> candle_wick::Result<()> {
-    /// use candle_wick::{ImageFolder, Loader};
+    /// use candle_wick::source::ImageFolder;
+    /// use candle_wick::Loader;
     /// let mut loader = Loader::builder(ImageFolder::new("data/train")?)
     ///     .batch_size(64)
     ///     .image_size(224)
@@ -245,14 +246,12 @@ impl Loader {
     /// This rank's batches of `epoch`, as source indices, in the order the
     /// loader yields them.
     pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        let plan = self.order.plan(epoch);
-        plan.batches
-            .iter()
-            .map(|r| plan.order[r.clone()].to_vec())
-            .collect()
+        self.order.plan(epoch).batch_indices()
     }
 
-    /// The per-sample function the workers run.
+    /// The per-sample function the workers run (for benchmarks; not part
+    /// of the API).
+    #[doc(hidden)]
     pub fn transform(&self) -> &ImageTransform {
         &self.shared.transform
     }
@@ -277,7 +276,7 @@ impl Loader {
     }
 
     /// The timeline, when built with [`LoaderBuilder::trace`]. Take it
-    /// before iterating an epoch to add training steps with [`Trace::span`](crate::Trace::span).
+    /// before iterating an epoch to add training steps with [`Trace::span`](crate::stats::Trace::span).
     pub fn trace(&self) -> Option<Arc<Trace>> {
         self.shared.trace.clone()
     }

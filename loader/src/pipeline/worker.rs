@@ -29,7 +29,7 @@ pub(super) fn fill_cache(
                 .map_err(|e| (record.key.clone(), e))?
             {
                 Some(wh) => {
-                    px.truncate(wh.0 * wh.1 * 3);
+                    px.truncate(wh.area() * 3);
                     Record {
                         bytes: px,
                         rgb_size: Some(wh),

@@ -6,7 +6,8 @@ use crate::error::Result;
 /// Records held in memory. Reading clones the record's bytes.
 ///
 /// ```
-/// use candle_wick::{MemorySource, Record, Source};
+/// use candle_wick::source::{MemorySource, Record};
+/// use candle_wick::Source;
 /// let src = MemorySource::new(vec![Record::encoded("a", vec![1, 2], 3)]);
 /// assert_eq!(src.len(), 1);
 /// assert_eq!(src.read(0).unwrap().label, 3);

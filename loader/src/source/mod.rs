@@ -20,10 +20,12 @@ pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
 pub use webdataset::{WebDataset, WebDatasetOptions};
 
 use crate::error::{Error, Result};
+use crate::geometry::Size;
 use std::path::{Path, PathBuf};
 
 /// One sample as a source stores it: a key, the encoded bytes and a label.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Record {
     /// A name for the sample that a user can find it by: the file's path for
     /// file-backed sources.
@@ -32,10 +34,10 @@ pub struct Record {
     pub bytes: Vec<u8>,
     /// The class index.
     pub label: u32,
-    /// `Some((width, height))` when `bytes` are already-decoded RGB u8
-    /// pixels, row-major (pre-resized safetensors shards); `None` for an
-    /// encoded image.
-    pub rgb_size: Option<(usize, usize)>,
+    /// `Some(size)` when `bytes` are already-decoded RGB u8 pixels,
+    /// row-major (pre-resized safetensors shards); `None` for an encoded
+    /// image.
+    pub rgb_size: Option<Size>,
 }
 
 impl Record {
@@ -46,6 +48,14 @@ impl Record {
             bytes,
             label,
             rgb_size: None,
+        }
+    }
+
+    /// A record of decoded RGB u8 pixels of `size`, row-major.
+    pub fn decoded(key: impl Into<String>, pixels: Vec<u8>, size: Size, label: u32) -> Self {
+        Self {
+            rgb_size: Some(size),
+            ..Self::encoded(key, pixels, label)
         }
     }
 }

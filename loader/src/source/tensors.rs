@@ -13,13 +13,14 @@
 use super::shards::{open_shard, shard_error, Cause, ShardSet};
 use super::{Damage, Record, ShardInfo, Source};
 use crate::error::{Error, Result};
+use crate::geometry::Size;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 use std::path::Path;
 
 #[derive(Debug)]
-enum Layout {
+enum HostLayout {
     /// `images [N, H, W, 3]`: pixel data starts at `start`.
     Pixels {
         start: usize,
@@ -36,7 +37,7 @@ enum Layout {
 #[derive(Debug)]
 struct Shard {
     map: Mmap,
-    layout: Layout,
+    layout: HostLayout,
     labels: Vec<u32>,
 }
 
@@ -51,7 +52,8 @@ struct Shard {
 /// keeps the mapped file intact) instead of rewriting them in place.
 ///
 /// ```no_run
-/// use candle_wick::{Loader, SafetensorsShards};
+/// use candle_wick::source::SafetensorsShards;
+/// use candle_wick::Loader;
 /// # fn main() -> candle_wick::Result<()> {
 /// let train = SafetensorsShards::open(["train-0000.safetensors"])?;
 /// let loader = Loader::builder(train).batch_size(256).train_transforms().build()?;
@@ -151,7 +153,7 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
     let count = labels.len();
     let layout = if let Some((info, _)) = tensor("images") {
         match (info.dtype, info.shape.as_slice()) {
-            (Dtype::U8, &[n, h, w, 3]) if n == count && h > 0 && w > 0 => Layout::Pixels {
+            (Dtype::U8, &[n, h, w, 3]) if n == count && h > 0 && w > 0 => HostLayout::Pixels {
                 start: data_start + info.data_offsets.0,
                 height: h,
                 width: w,
@@ -195,7 +197,7 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
             }
             bounds.push((w[0] as usize, w[1] as usize));
         }
-        Layout::Encoded {
+        HostLayout::Encoded {
             start: data_start + info.data_offsets.0,
             bounds,
         }
@@ -220,7 +222,7 @@ impl Source for SafetensorsShards {
         let key = self.set.key(index);
         let label = shard.labels[n];
         Ok(match &shard.layout {
-            Layout::Pixels {
+            HostLayout::Pixels {
                 start,
                 height,
                 width,
@@ -231,10 +233,10 @@ impl Source for SafetensorsShards {
                     key,
                     bytes: shard.map[at..at + size].to_vec(),
                     label,
-                    rgb_size: Some((*width, *height)),
+                    rgb_size: Some(Size::new(*width, *height)),
                 }
             }
-            Layout::Encoded { start, bounds } => {
+            HostLayout::Encoded { start, bounds } => {
                 let (a, b) = bounds[n];
                 if a == b {
                     return Err(Error::EmptyFile { key });

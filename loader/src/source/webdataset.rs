@@ -57,7 +57,8 @@ struct Sample {
 /// the tar headers built when it is opened.
 ///
 /// ```no_run
-/// use candle_wick::{Loader, WebDataset};
+/// use candle_wick::source::WebDataset;
+/// use candle_wick::Loader;
 /// # fn main() -> candle_wick::Result<()> {
 /// let train = WebDataset::open(["shards/train-000000.tar", "shards/train-000001.tar"])?;
 /// let loader = Loader::builder(train).batch_size(64).train_transforms().build()?;

@@ -1,13 +1,16 @@
-//! What a loader measured: the [`Stats`] snapshot, per-stage rates and
-//! the starvation [`Verdict`]; the live counters behind them
-//! ([`counters`]) and the Chrome-trace timeline ([`trace`]).
+//! What a loader measured and did: the [`Stats`] snapshot with its
+//! per-stage rates and starvation [`Verdict`], AUTOTUNE's decisions
+//! ([`TuneStep`]), and the Chrome-trace timeline ([`Trace`]).
 
 mod counters;
 pub(crate) mod trace;
 
+pub use crate::tune::{TuneAction, TuneKnob, TuneStep};
 pub(crate) use counters::Counters;
+#[doc(hidden)]
 pub use counters::SampleTimes;
 use std::time::Duration;
+pub use trace::Trace;
 
 /// A snapshot of a loader's counters, summed over every epoch it ran.
 #[derive(Debug, Clone, Default, PartialEq)]

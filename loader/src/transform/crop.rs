@@ -115,7 +115,8 @@ fn uniform(rng: &mut impl Rng, lo: f64, hi: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Output, Slot};
+    use crate::geometry::Size;
+    use crate::layout::{HostLayout, Slot};
 
     #[test]
     fn centre_crop_margins_round_as_python() {
@@ -123,9 +124,8 @@ mod tests {
         // even); it was 3.
         let t = ImageTransform::new(
             Transforms::ResizeCenterCrop { resize: 12 },
-            Output::U8Nhwc,
-            12,
-            12,
+            HostLayout::U8Nhwc,
+            Size::square(12),
             0,
         )
         .unwrap();
@@ -157,16 +157,15 @@ mod tests {
         for size in 1..24 {
             let t = ImageTransform::new(
                 Transforms::ResizeCenterCrop { resize: size },
-                Output::U8Nhwc,
-                size,
-                size,
+                HostLayout::U8Nhwc,
+                Size::square(size),
                 0,
             )
             .unwrap();
             let mut out = vec![0u8; t.slot_len()];
             for (w, h) in [(20, 18), (18, 20), (31, 7), (7, 31), (24, 24)] {
                 let px = vec![7u8; w * h * 3];
-                t.apply_decoded("k", &px, (w, h), 0, 0, Slot::U8(&mut out))
+                t.apply_decoded("k", &px, Size::new(w, h), 0, 0, Slot::U8(&mut out))
                     .unwrap_or_else(|e| panic!("{w}x{h} -> {size}: {e}"));
             }
         }

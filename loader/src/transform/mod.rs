@@ -10,8 +10,8 @@ pub(crate) use scratch::{Scratch, ScratchPool};
 
 use crate::decode::Decoded;
 use crate::error::{Error, Result};
-use crate::geometry::relative;
-use crate::layout::{normalize_coefficients, Output, Slot};
+use crate::geometry::{relative, Size};
+use crate::layout::{normalize_coefficients, HostLayout, Slot};
 use crate::stats::SampleTimes;
 use crate::transform::resize::{Crop, Resampler, View};
 use std::time::Instant;
@@ -69,7 +69,7 @@ impl Transforms {
 #[derive(Debug, Clone)]
 pub struct ImageTransform {
     transforms: Transforms,
-    output: Output,
+    output: HostLayout,
     height: usize,
     width: usize,
     seed: u64,
@@ -84,14 +84,9 @@ pub struct ImageTransform {
 }
 
 impl ImageTransform {
-    /// A transform producing `height x width` images.
-    pub fn new(
-        transforms: Transforms,
-        output: Output,
-        height: usize,
-        width: usize,
-        seed: u64,
-    ) -> Result<Self> {
+    /// A transform producing images of `size`.
+    pub fn new(transforms: Transforms, output: HostLayout, size: Size, seed: u64) -> Result<Self> {
+        let Size { width, height } = size;
         if height == 0 || width == 0 {
             return Err(Error::InvalidConfig("image_size must be at least 1".into()));
         }
@@ -116,7 +111,7 @@ impl ImageTransform {
         }
         let mut lut = Box::new([[0f32; 256]; 3]);
         let (mut scale, mut bias) = ([0f32; 3], [0f32; 3]);
-        if let Output::F32Nchw { mean, std } = output {
+        if let HostLayout::F32Nchw { mean, std } = output {
             if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
                 return Err(Error::InvalidConfig(format!(
                     "normalize std must be non-zero, got {std:?}"
@@ -146,13 +141,13 @@ impl ImageTransform {
         self.seed
     }
 
-    /// Output height and width.
-    pub fn size(&self) -> (usize, usize) {
-        (self.height, self.width)
+    /// The output images' size.
+    pub fn size(&self) -> Size {
+        Size::new(self.width, self.height)
     }
 
     /// The output format.
-    pub fn output(&self) -> Output {
+    pub fn output(&self) -> HostLayout {
         self.output
     }
 
@@ -232,22 +227,22 @@ impl ImageTransform {
         })
     }
 
-    /// Transforms already-decoded packed RGB8 pixels (`width x height`) of
-    /// sample `index` into `slot`: the same crop, resize, flip and
-    /// normalization as [`apply`](Self::apply), without the decode.
+    /// Transforms already-decoded packed RGB8 pixels of `size` of sample
+    /// `index` into `slot`: the same crop, resize, flip and normalization as
+    /// [`apply`](Self::apply), without the decode.
     #[allow(clippy::too_many_arguments)]
     pub fn apply_decoded(
         &self,
         key: &str,
         rgb: &[u8],
-        (width, height): (usize, usize),
+        size: Size,
         epoch: u64,
         index: usize,
         slot: Slot<'_>,
     ) -> Result<()> {
         SCRATCH.with(|cell| {
             let scratch = &mut *cell.borrow_mut();
-            self.apply_decoded_with(scratch, key, rgb, (width, height), epoch, index, slot)
+            self.apply_decoded_with(scratch, key, rgb, size, epoch, index, slot)
         })
     }
 
@@ -258,7 +253,7 @@ impl ImageTransform {
         scratch: &mut Scratch,
         key: &str,
         rgb: &[u8],
-        (width, height): (usize, usize),
+        Size { width, height }: Size,
         epoch: u64,
         index: usize,
         slot: Slot<'_>,
@@ -325,7 +320,7 @@ impl ImageTransform {
         };
         let kind_ok = matches!(
             (&slot, self.output),
-            (Slot::U8(_), Output::U8Nhwc) | (Slot::F32(_), Output::F32Nchw { .. })
+            (Slot::U8(_), HostLayout::U8Nhwc) | (Slot::F32(_), HostLayout::F32Nchw { .. })
         );
         if len != self.slot_len() || !kind_ok {
             return Err(Error::Transform {
@@ -379,32 +374,37 @@ mod tests {
 
     #[test]
     fn a_slot_of_the_wrong_size_or_type_is_an_error() {
-        let t = ImageTransform::new(Transforms::train(), Output::U8Nhwc, 8, 8, 0).unwrap();
+        let t = ImageTransform::new(Transforms::train(), HostLayout::U8Nhwc, Size::square(8), 0)
+            .unwrap();
         let px = vec![0u8; 16 * 16 * 3];
         let mut small = vec![0u8; 10];
         assert!(t
-            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::U8(&mut small))
+            .apply_decoded("k", &px, Size::square(16), 0, 0, Slot::U8(&mut small))
             .is_err());
         let mut floats = vec![0f32; t.slot_len()];
         assert!(t
-            .apply_decoded("k", &px, (16, 16), 0, 0, Slot::F32(&mut floats))
+            .apply_decoded("k", &px, Size::square(16), 0, 0, Slot::F32(&mut floats))
             .is_err());
     }
 
     #[test]
     fn invalid_configs_are_rejected() {
-        let t = |tr, o| ImageTransform::new(tr, o, 32, 32, 0);
-        assert!(t(Transforms::ResizeCenterCrop { resize: 16 }, Output::U8Nhwc).is_err());
+        let t = |tr, o| ImageTransform::new(tr, o, Size::square(32), 0);
+        assert!(t(
+            Transforms::ResizeCenterCrop { resize: 16 },
+            HostLayout::U8Nhwc
+        )
+        .is_err());
         assert!(t(
             Transforms::RandomResizedCrop {
                 scale: (0.0, 1.0),
                 ratio: (1.0, 1.0),
                 flip: false
             },
-            Output::U8Nhwc
+            HostLayout::U8Nhwc
         )
         .is_err());
-        let bad = Output::F32Nchw {
+        let bad = HostLayout::F32Nchw {
             mean: [0.0; 3],
             std: [1.0, 0.0, 1.0],
         };
@@ -429,7 +429,8 @@ mod tests {
         let wh = crate::decode::decode_rgb_into("t", &jpeg, &mut full).unwrap();
         let mut windows = 0;
         for (transforms, size) in [(Transforms::train(), 96), (Transforms::eval(224), 224)] {
-            let t = ImageTransform::new(transforms, Output::U8Nhwc, size, size, 5).unwrap();
+            let t =
+                ImageTransform::new(transforms, HostLayout::U8Nhwc, Size::square(size), 5).unwrap();
             for index in 0..12 {
                 let mut a = vec![0u8; t.slot_len()];
                 let times = t.apply("t", &jpeg, 0, index, Slot::U8(&mut a)).unwrap();

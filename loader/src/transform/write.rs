@@ -128,13 +128,20 @@ impl ImageTransform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Output, IMAGENET_MEAN, IMAGENET_STD};
+    use crate::geometry::Size;
+    use crate::layout::{HostLayout, IMAGENET_MEAN, IMAGENET_STD};
     use crate::transform::Transforms;
 
     #[test]
     fn f32_rows_match_the_table() {
         // 13 wide: one 8-pixel vector step and a 5-pixel tail per row.
-        let t = ImageTransform::new(Transforms::eval(13), Output::imagenet(), 4, 13, 0).unwrap();
+        let t = ImageTransform::new(
+            Transforms::eval(13),
+            HostLayout::imagenet(),
+            Size::new(13, 4),
+            0,
+        )
+        .unwrap();
         let stride = 13 * 3 + 5;
         let src: Vec<u8> = (0..stride * 4).map(|i| (i * 89 % 256) as u8).collect();
         let mut got = vec![0f32; t.slot_len()];

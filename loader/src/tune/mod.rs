@@ -12,16 +12,42 @@
 //! 0.2 s, and run across epochs. Explicit settings are left alone.
 
 mod budget;
+mod policy;
 
-use crate::stats::{Counters, INPUT_BOUND_SHARE};
+use crate::stats::Counters;
 pub(crate) use budget::{default_budget, Budget};
+use policy::{Policy, Window};
+pub use policy::{TuneAction, TuneKnob};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Pass to [`crate::LoaderBuilder::workers`], `prefetch` or
-/// `batches_in_flight` to let the loader tune it (the default).
-pub const AUTOTUNE: usize = 0;
+/// How one of the loader's parallelism settings is chosen: by AUTOTUNE
+/// (the default), or fixed. A plain number is a fixed setting:
+/// `.workers(4)`, `.workers(AUTOTUNE)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Setting {
+    /// The loader tunes it while it runs.
+    #[default]
+    Auto,
+    /// Exactly this many (at least 1: `build` rejects 0).
+    Fixed(usize),
+}
+
+/// [`Setting::Auto`], named as tf.data names it.
+pub const AUTOTUNE: Setting = Setting::Auto;
+
+impl From<usize> for Setting {
+    fn from(n: usize) -> Self {
+        Setting::Fixed(n)
+    }
+}
+
+/// A window is at least this many batches...
+const WINDOW_BATCHES: u64 = 8;
+/// ...and at least this long.
+const WINDOW_TIME: Duration = Duration::from_millis(200);
 
 /// Most batches in flight or prefetched AUTOTUNE goes to.
 pub(crate) const MAX_QUEUE: usize = 8;
@@ -116,6 +142,7 @@ pub(crate) struct Knobs {
 
 /// One AUTOTUNE decision, for [`crate::Loader::autotune_history`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct TuneStep {
     /// Time since the loader started.
     pub at: Duration,
@@ -129,39 +156,22 @@ pub struct TuneStep {
     pub batches_per_sec: f64,
     /// Share of that window the consumer waited.
     pub wait_share: f64,
-    /// What was done: `grow workers`, `revert`, `shrink workers`, ...
-    pub action: String,
+    /// What was done.
+    pub action: TuneAction,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Knob {
-    Workers,
-    InFlight,
-    Prefetch,
-}
-
-#[derive(Debug)]
-struct Trial {
-    knob: Knob,
-    old: usize,
-    rate_before: f64,
-    shrink: bool,
-}
-
+/// Where a window starts, and the history.
 #[derive(Debug)]
 struct State {
     window_start: Instant,
     batches_at: u64,
     wait_at: Duration,
-    trial: Option<Trial>,
-    /// Per knob: a value that did not help; growth stops below it.
-    ceiling: [usize; 3],
-    /// Workers below which shrinking hurt.
-    floor: usize,
+    policy: Policy,
     history: Vec<TuneStep>,
 }
 
-/// The hill climber, run by the consumer after each batch.
+/// The hill climber, run by the consumer after each batch: it measures a
+/// window, asks [`Policy::decide`] and applies the step.
 #[derive(Debug)]
 pub(crate) struct Tuner {
     auto: Auto,
@@ -178,9 +188,7 @@ impl Tuner {
                 window_start: Instant::now(),
                 batches_at: 0,
                 wait_at: Duration::ZERO,
-                trial: None,
-                ceiling: [usize::MAX; 3],
-                floor: 1,
+                policy: Policy::new(auto),
                 history: Vec::new(),
             }),
         }
@@ -203,12 +211,15 @@ impl Tuner {
         cache: u64,
         set_in_flight: &dyn Fn(usize),
     ) {
-        let memory = |c: &Counters| {
-            let (w, f, p) = (
+        let now_knobs = || {
+            [
                 knobs.gate.limit(),
                 knobs.in_flight.load(Relaxed),
                 knobs.prefetch.load(Relaxed),
-            );
+            ]
+        };
+        let memory = |c: &Counters| {
+            let [w, f, p] = now_knobs();
             c.set_memory(knobs.budget.memory(f, p, w, cache));
         };
         memory(counters);
@@ -219,7 +230,7 @@ impl Tuner {
         let now = Instant::now();
         let dt = now.duration_since(st.window_start);
         let batches = counters.delivered().saturating_sub(st.batches_at);
-        if batches < 8 || dt < Duration::from_millis(200) {
+        if batches < WINDOW_BATCHES || dt < WINDOW_TIME {
             return;
         }
         let rate = batches as f64 / dt.as_secs_f64();
@@ -228,104 +239,46 @@ impl Tuner {
         st.window_start = now;
         st.batches_at = counters.delivered();
         st.wait_at = counters.steady_wait();
-
-        let get = |k: Knob| match k {
-            Knob::Workers => knobs.gate.limit(),
-            Knob::InFlight => knobs.in_flight.load(Relaxed),
-            Knob::Prefetch => knobs.prefetch.load(Relaxed),
+        let [w, f, p] = now_knobs();
+        let window = Window {
+            rate,
+            wait_share,
+            now: [w, f, p],
+            fits: [
+                knobs.budget.fits(f, p, w + 1, cache),
+                knobs.budget.fits(f + 1, p, w, cache),
+                knobs.budget.fits(f, p + 1, w, cache),
+            ],
+            upload_bound: counters.upload_bound(w),
+            max_workers: knobs.max_workers,
         };
-        let set = |k: Knob, v: usize| match k {
-            Knob::Workers => {
+        let Some(action) = st.policy.decide(&window) else {
+            return;
+        };
+        match action.change() {
+            (TuneKnob::Workers, v) => {
                 knobs.gate.set_limit(v);
                 counters.set_workers(v);
             }
-            Knob::InFlight => {
+            (TuneKnob::InFlight, v) => {
                 knobs.in_flight.store(v, Relaxed);
                 knobs.budget.in_flight_high.fetch_max(v, Relaxed);
                 set_in_flight(v);
             }
-            Knob::Prefetch => knobs.prefetch.store(v, Relaxed),
+            (_, v) => knobs.prefetch.store(v, Relaxed),
+        }
+        let [workers, in_flight, prefetch] = now_knobs();
+        let step = TuneStep {
+            at: now.duration_since(self.origin),
+            workers,
+            in_flight,
+            prefetch,
+            batches_per_sec: rate,
+            wait_share,
+            action,
         };
-        let mut action = None;
-        if let Some(t) = st.trial.take() {
-            let kept = if t.shrink {
-                rate >= 0.97 * t.rate_before && wait_share <= INPUT_BOUND_SHARE
-            } else {
-                rate >= 1.03 * t.rate_before
-            };
-            if kept && !t.shrink && t.knob == Knob::Workers {
-                // Fewer workers left the consumer waiting: never shrink below.
-                st.floor = get(Knob::Workers);
-            }
-            if !kept {
-                let now_v = get(t.knob);
-                set(t.knob, t.old);
-                if t.shrink {
-                    st.floor = t.old;
-                } else {
-                    st.ceiling[t.knob as usize] = now_v;
-                }
-                action = Some(format!(
-                    "revert {:?} {now_v} -> {} ({rate:.1} vs {:.1} batches/s)",
-                    t.knob, t.old, t.rate_before
-                ));
-            }
-        } else if wait_share > INPUT_BOUND_SHARE {
-            let (w, f, p) = (get(Knob::Workers), get(Knob::InFlight), get(Knob::Prefetch));
-            let try_knob = [
-                (
-                    Knob::Workers,
-                    // More workers cannot outrun a slower upload thread.
-                    self.auto.workers
-                        && w < knobs.max_workers
-                        && !counters.upload_bound(w)
-                        && knobs.budget.fits(f, p, w + 1, cache),
-                ),
-                (
-                    Knob::InFlight,
-                    self.auto.in_flight && f < MAX_QUEUE && knobs.budget.fits(f + 1, p, w, cache),
-                ),
-                (
-                    Knob::Prefetch,
-                    self.auto.prefetch && p < MAX_QUEUE && knobs.budget.fits(f, p + 1, w, cache),
-                ),
-            ]
-            .into_iter()
-            .find(|&(k, ok)| ok && get(k) + 1 < st.ceiling[k as usize]);
-            if let Some((k, _)) = try_knob {
-                let old = get(k);
-                set(k, old + 1);
-                st.trial = Some(Trial {
-                    knob: k,
-                    old,
-                    rate_before: rate,
-                    shrink: false,
-                });
-                action = Some(format!("grow {k:?} {old} -> {}", old + 1));
-            }
-        } else if self.auto.workers && wait_share < 0.01 && get(Knob::Workers) > st.floor.max(1) {
-            let old = get(Knob::Workers);
-            set(Knob::Workers, old - 1);
-            st.trial = Some(Trial {
-                knob: Knob::Workers,
-                old,
-                rate_before: rate,
-                shrink: true,
-            });
-            action = Some(format!("shrink Workers {old} -> {}", old - 1));
-        }
-        if let Some(action) = action {
-            let step = TuneStep {
-                at: now.duration_since(self.origin),
-                workers: get(Knob::Workers),
-                in_flight: get(Knob::InFlight),
-                prefetch: get(Knob::Prefetch),
-                batches_per_sec: rate,
-                wait_share,
-                action,
-            };
-            st.history.push(step);
-        }
+        st.history.push(step);
+        drop(st);
         memory(counters);
     }
 }

@@ -4,7 +4,8 @@
 use super::{SafetensorsWriter, ShardSample, ShardWriter, TfRecordWriter, WebDatasetWriter};
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
-use crate::layout::{Output, Slot};
+use crate::geometry::Size;
+use crate::layout::{HostLayout, Slot};
 use crate::source::Source;
 use crate::transform::resize::{Crop, Resampler, View};
 use crate::transform::{ImageTransform, Transforms};
@@ -98,9 +99,8 @@ pub fn convert(
     let pixels = match opts.format {
         ShardFormat::SafetensorsPixels { size } => Some(ImageTransform::new(
             Transforms::ResizeCenterCrop { resize: size },
-            Output::U8Nhwc,
-            size,
-            size,
+            HostLayout::U8Nhwc,
+            Size::square(size),
             0,
         )?),
         _ => None,
@@ -197,7 +197,10 @@ fn prepare(
         None => (Vec::new(), None),
     };
     let max = opts.max_side.unwrap_or(usize::MAX);
-    let (w, h) = match wh {
+    let Size {
+        width: w,
+        height: h,
+    } = match wh {
         Some(wh) => wh,
         None if opts.max_side.is_none() => {
             return Ok(Prepared {

@@ -1,4 +1,4 @@
-//! Safetensors shards in either layout [`crate::SafetensorsShards`] reads.
+//! Safetensors shards in either layout [`crate::source::SafetensorsShards`] reads.
 
 use super::{ShardSample, ShardWriter};
 use crate::error::{Error, Result};

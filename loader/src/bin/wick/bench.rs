@@ -2,7 +2,8 @@
 //! throughput, per-stage times and peak memory; `--sweep` for a table of
 //! fixed settings against AUTOTUNE.
 
-use candle_wick::{open_path, CacheMode, Loader, Output, Source, Stats, Transforms};
+use candle_wick::stats::Stats;
+use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms, AUTOTUNE};
 use clap::ValueEnum;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -196,9 +197,9 @@ pub(crate) fn bench_with(
     let mut builder = Loader::builder(source)
         .batch_size(a.batch_size)
         .image_size(a.image_size)
-        .workers(workers)
-        .prefetch(prefetch)
-        .batches_in_flight(in_flight)
+        .workers(setting(workers))
+        .prefetch(setting(prefetch))
+        .batches_in_flight(setting(in_flight))
         .transforms(transforms)
         .output(output)
         .shuffle(0);
@@ -245,7 +246,7 @@ pub(crate) fn bench_with(
     let (in_flight, prefetch) = loader.queue_depths();
     Ok(Report {
         data: a.data.display().to_string(),
-        jpeg_decoder: candle_wick::JPEG_DECODER,
+        jpeg_decoder: candle_wick::__bench::JPEG_DECODER,
         samples,
         batch_size: a.batch_size,
         image_size: a.image_size,
@@ -279,7 +280,7 @@ pub(crate) fn bench_with(
                 prefetch: t.prefetch,
                 batches_per_sec: t.batches_per_sec,
                 wait_share: t.wait_share,
-                action: t.action,
+                action: t.action.to_string(),
             })
             .collect(),
         peak_rss_mb: peak_rss_mb(),
@@ -387,5 +388,13 @@ pub(crate) fn print_text(r: &Report, autotune: bool) {
     match r.peak_rss_mb {
         Some(mb) => println!("peak RSS: {mb:.0} MB"),
         None => println!("peak RSS: not available on this platform"),
+    }
+}
+
+/// The command line's `0`: AUTOTUNE.
+fn setting(n: usize) -> Setting {
+    match n {
+        0 => AUTOTUNE,
+        n => Setting::Fixed(n),
     }
 }

@@ -105,7 +105,8 @@ struct Shard {
 /// open and read in the streaming mode ([`crate::LoaderBuilder::interleave`]).
 ///
 /// ```no_run
-/// use candle_wick::{Loader, TfRecord};
+/// use candle_wick::source::TfRecord;
+/// use candle_wick::Loader;
 /// # fn main() -> candle_wick::Result<()> {
 /// let train = TfRecord::open(["train-00000-of-00002", "train-00001-of-00002"])?;
 /// let loader = Loader::builder(train).batch_size(64).train_transforms().build()?;
