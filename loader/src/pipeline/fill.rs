@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum BadSamples {
     /// The batch holding it is an `Err` naming the file (the default).
     #[default]

@@ -22,6 +22,7 @@ use std::time::Instant;
 /// grows with the downscale factor, as PIL and torchvision (`antialias=True`)
 /// do.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Transforms {
     /// Evaluation: resize the shorter side to `resize`, then take the
     /// centre `image_size` crop (torchvision `Resize(resize)` +

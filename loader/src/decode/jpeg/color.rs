@@ -66,7 +66,7 @@ impl Plane<'_> {
         let near = &self.row(cy)[first - self.x0..=last - self.x0];
         sums.clear();
         if self.fy == 2 {
-            let far = if y % 2 == 0 {
+            let far = if y.is_multiple_of(2) {
                 cy.saturating_sub(1).max(self.y0)
             } else {
                 (cy + 1).min(self.y_end - 1)

@@ -188,7 +188,7 @@ impl Header {
         let comps = &self.comps[..self.ncomp];
         self.hmax = comps.iter().map(|c| c.h).max()?;
         self.vmax = comps.iter().map(|c| c.v).max()?;
-        let ratio_ok = |max: usize, f: usize| max % f == 0 && max / f <= 2;
+        let ratio_ok = |max: usize, f: usize| max.is_multiple_of(f) && max / f <= 2;
         comps
             .iter()
             .all(|c| ratio_ok(self.hmax, c.h) && ratio_ok(self.vmax, c.v))
