@@ -22,7 +22,19 @@ pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use tfrecord::TfRecordWriter;
 pub use webdataset::WebDatasetWriter;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+
+/// Creates the shard file `path`, buffered; the error names it.
+fn create_file(path: &Path) -> Result<BufWriter<File>> {
+    let file = File::create(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(BufWriter::new(file))
+}
 
 /// One sample as a shard stores it.
 #[derive(Debug, Clone, Copy)]

@@ -4,7 +4,7 @@ use super::{ShardSample, ShardWriter};
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, TensorView};
 use std::fs::File;
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// Writes one safetensors shard: pre-resized pixels (`images` u8
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct SafetensorsWriter {
     path: PathBuf,
-    file: File,
+    file: BufWriter<File>,
     /// `Some((height, width))` for pre-resized pixels.
     pixels: Option<(usize, usize)>,
     data: Vec<u8>,
@@ -38,13 +38,9 @@ impl SafetensorsWriter {
     }
 
     fn create(path: &Path, pixels: Option<(usize, usize)>) -> Result<Self> {
-        let file = File::create(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
         Ok(Self {
             path: path.to_path_buf(),
-            file,
+            file: super::create_file(path)?,
             pixels,
             data: Vec::new(),
             offsets: vec![0],

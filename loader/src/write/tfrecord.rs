@@ -26,11 +26,7 @@ impl TfRecordWriter<BufWriter<File>> {
     /// Creates the file `path` (uncompressed).
     pub fn create(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut w = Self::new(BufWriter::new(file));
+        let mut w = Self::new(super::create_file(path)?);
         w.path = path.to_path_buf();
         Ok(w)
     }
