@@ -48,8 +48,9 @@
 //! - [`write`](mod@write): shard writers of one shape, and [`write::convert`] (what
 //!   `wick convert` runs).
 //! - [`stats`]: what a loader measured ([`stats::Stats`], its report and
-//!   [`stats::Verdict`]), AUTOTUNE's decisions and the Chrome-trace
-//!   timeline.
+//!   [`stats::Verdict`]) and the Chrome-trace timeline.
+//! - [`tune`]: AUTOTUNE: [`Setting`] and the decisions it records
+//!   ([`tune::TuneStep`], [`Loader::autotune_history`]).
 //!
 //! ## What it guarantees
 //!
@@ -92,7 +93,7 @@ mod rng;
 pub mod source;
 pub mod stats;
 mod transform;
-mod tune;
+pub mod tune;
 pub mod write;
 
 pub use cache::CacheMode;

@@ -73,7 +73,6 @@ use epoch::Pending;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 /// What the loader's threads share.
 #[derive(Debug)]
@@ -119,16 +118,16 @@ impl Room {
         self.cv.notify_all();
     }
 
-    /// Waits while `full()` holds. Every change to what `full` reads is
-    /// followed by a `notify` under the lock, so no wake-up is lost; the
-    /// timeout is only a backstop (10 Hz, not a poll).
+    /// Waits while `full()` holds, with no timeout: every change to what
+    /// `full` reads is followed by a `notify` under the lock, so no wake-up
+    /// is lost. They are: the consumer taking a batch (after AUTOTUNE may
+    /// have changed the depth: `Epoch::next`), and a cancel (`Shared::wake`,
+    /// from dropping the epoch, starting the next one over a forgotten one,
+    /// or dropping the loader).
     fn wait_while(&self, mut full: impl FnMut() -> bool) {
         let mut guard = crate::lock(&self.lock);
         while full() {
-            guard = match self.cv.wait_timeout(guard, Duration::from_millis(100)) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
+            guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

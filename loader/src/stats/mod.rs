@@ -1,11 +1,9 @@
-//! What a loader measured and did: the [`Stats`] snapshot with its
-//! per-stage rates and starvation [`Verdict`], AUTOTUNE's decisions
-//! ([`TuneStep`]), and the Chrome-trace timeline ([`Trace`]).
+//! What a loader measured: the [`Stats`] snapshot with its per-stage rates
+//! and starvation [`Verdict`], and the Chrome-trace timeline ([`Trace`]).
 
 mod counters;
 pub(crate) mod trace;
 
-pub use crate::tune::{TuneAction, TuneKnob, TuneStep};
 pub(crate) use counters::Counters;
 #[doc(hidden)]
 pub use counters::SampleTimes;
