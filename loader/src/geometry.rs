@@ -55,9 +55,11 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    #[inline]
     pub(crate) fn width(&self) -> usize {
         self.x1 - self.x0
     }
+    #[inline]
     pub(crate) fn height(&self) -> usize {
         self.y1 - self.y0
     }
@@ -65,6 +67,7 @@ impl Window {
 
 /// `crop` relative to the window `win` holding it; one expression for every
 /// path, so a window decode and a full decode resample alike.
+#[inline]
 pub(crate) fn relative(crop: Crop, win: &Window) -> Crop {
     let left = crop.left - win.x0 as f64;
     let top = crop.top - win.y0 as f64;

@@ -82,12 +82,14 @@ impl Axis {
             .extend(self.raw.iter().map(|&w| fixed(w, one) as i16));
     }
 
+    #[inline]
     pub(super) fn weights(&self, i: usize) -> &[i16] {
         &self.weights[i * self.taps..][..self.taps]
     }
 
     /// The samples the outputs read: from the first start to the last tap,
     /// clipped to an axis `size` long.
+    #[inline]
     pub(super) fn reach(&self, size: usize) -> Range<usize> {
         let lo = self.start.iter().copied().min().unwrap_or(0);
         let hi = self.start.iter().map(|s| s + self.taps).max().unwrap_or(0);
@@ -95,11 +97,13 @@ impl Axis {
     }
 
     /// `acc >> precision`, clamped to a byte.
+    #[inline]
     pub(super) fn byte(&self, acc: i32) -> u8 {
         (acc >> self.precision).clamp(0, 255) as u8
     }
 
     /// The accumulator's start value: one half, for rounding.
+    #[inline]
     pub(super) fn half(&self) -> i32 {
         (1 << self.precision) >> 1
     }
