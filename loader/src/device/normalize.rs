@@ -1,4 +1,6 @@
-//! The fused device normalize: `u8 [n, h, w, 3]` → float `[n, 3, h, w]`,
+//! The device-side normalize: [`Finish`], what becomes of a batch's images
+//! once on the device (the output's float type, and where it is normalized),
+//! and the fused op it runs: `u8 [n, h, w, 3]` → float `[n, 3, h, w]`,
 //! `x * scale[c] + bias[c]` as one fused multiply-add per element, rounded
 //! once to the output type (f32, or f32 → f16/bf16 to nearest even).
 //!
@@ -13,7 +15,10 @@
 //! CUDA one (`normalize.cu`, compiled to PTX by `build.rs`) on CUDA, and the
 //! CUDA uploader launches the same kernel on its staging ring.
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use super::On;
+use crate::error::{Error, Result};
+use crate::layout::{HostLayout, NormalizeAt, Output};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
 /// Per-channel `scale` and `bias` and the output type of the normalize.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,6 +115,95 @@ impl CustomOp1 for NormalizeU8 {
         let (src_ptr, _read) = src.device_ptr(&stream);
         let out = cuda::launch(&dev, self, src_ptr, n, h * w)?;
         Ok((out, shape))
+    }
+}
+
+/// What becomes of the images after they reach the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Finish {
+    /// The fused normalize of uploaded u8, or `None` when the host already
+    /// wrote the output's values.
+    pub(crate) normalize: Option<NormalizeU8>,
+    /// The images' final element type.
+    pub(crate) dtype: DType,
+    /// What the decode workers write.
+    pub(crate) host: HostLayout,
+}
+
+impl Finish {
+    /// Validates the output and picks where to normalize.
+    pub(crate) fn new(output: Output, device: &Device) -> Result<Self> {
+        let Output::Normalized {
+            mean,
+            std,
+            dtype,
+            at,
+        } = output
+        else {
+            return Ok(Self {
+                normalize: None,
+                dtype: DType::U8,
+                host: HostLayout::U8Nhwc,
+            });
+        };
+        let dtype = DType::from(dtype);
+        if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+            return Err(Error::InvalidConfig(format!(
+                "normalize std must be non-zero, got {std:?}"
+            )));
+        }
+        let on_device = match at {
+            NormalizeAt::Host => false,
+            NormalizeAt::Device => true,
+            _ => !device.is_cpu(),
+        };
+        Ok(Self {
+            normalize: on_device.then(|| NormalizeU8::new(mean, std, dtype)),
+            dtype,
+            host: if on_device {
+                HostLayout::U8Nhwc
+            } else {
+                HostLayout::F32Nchw { mean, std }
+            },
+        })
+    }
+
+    /// What the decode workers write: u8 when the device normalizes.
+    pub(crate) fn host_layout(&self) -> HostLayout {
+        self.host
+    }
+
+    /// Converts images already on the device (CPU, Metal).
+    pub(super) fn apply(&self, images: Tensor) -> Result<Tensor> {
+        self.convert(images)
+            .on("normalizing or converting a batch on the device")
+    }
+
+    fn convert(&self, images: Tensor) -> candle_core::Result<Tensor> {
+        let images = match &self.normalize {
+            Some(op) if images.device().is_metal() => {
+                // No Metal kernel for the fused op: candle's cast, permute
+                // and per-channel broadcasts (two roundings where the fused
+                // op has one: within an ulp of the host's values).
+                let (scale, bias) = (
+                    Tensor::from_slice(&op.scale, (1, 3, 1, 1), images.device())?,
+                    Tensor::from_slice(&op.bias, (1, 3, 1, 1), images.device())?,
+                );
+                images
+                    .to_dtype(DType::F32)?
+                    .permute((0, 3, 1, 2))?
+                    .broadcast_mul(&scale)?
+                    .broadcast_add(&bias)?
+                    .to_dtype(op.dtype)?
+            }
+            Some(op) => op.apply(&images)?,
+            None => images,
+        };
+        if images.dtype() == self.dtype {
+            Ok(images)
+        } else {
+            images.to_dtype(self.dtype)
+        }
     }
 }
 

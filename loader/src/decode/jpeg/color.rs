@@ -6,6 +6,9 @@
 //! Neighbours past the edge of the image repeat the edge sample, as libjpeg
 //! does; inside the image they must be decoded (the caller decodes a margin).
 
+use super::markers::Header;
+use super::{Geometry, Scratch, Window};
+
 /// One component's decoded samples and where they sit in the image.
 pub(super) struct Plane<'a> {
     pub(super) samples: &'a [u8],
@@ -156,6 +159,48 @@ pub(super) fn ycbcr_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
 pub(super) fn gray_to_rgb(y: &[u8], out: &mut [u8]) {
     for (rgb, &v) in out.chunks_exact_mut(3).zip(y) {
         rgb.fill(v);
+    }
+}
+
+/// Upsampling and colour conversion of the window's rows into `out`.
+#[inline(always)]
+pub(super) fn convert(h: &Header, g: &Geometry, win: Window, s: &mut Scratch, out: &mut Vec<u8>) {
+    let (ww, wh) = (win.width(), win.height());
+    if out.len() < ww * wh * 3 {
+        out.resize(ww * wh * 3, 0);
+    }
+    let planes: [Plane; 3] = std::array::from_fn(|i| {
+        let i = i.min(h.ncomp - 1);
+        let c = &h.comps[i];
+        let (x0, y0) = (g.mcu_x0 * c.h * 8, g.mcu_y0 * c.v * 8);
+        let (pw, ph) = g.planes[i];
+        Plane {
+            samples: &s.planes[i],
+            stride: pw,
+            x0,
+            y0,
+            x_end: (x0 + pw).min((h.width * c.h).div_ceil(h.hmax)),
+            y_end: (y0 + ph).min((h.height * c.v).div_ceil(h.vmax)),
+            fx: h.hmax / c.h,
+            fy: h.vmax / c.v,
+            fancy: (h.width * c.h).div_ceil(h.hmax) > 2,
+        }
+    });
+    for row in s.rows.iter_mut() {
+        if row.len() < ww {
+            row.resize(ww, 0);
+        }
+    }
+    let [r0, r1, r2] = &mut s.rows;
+    for (y, dst) in (win.y0..win.y1).zip(out.chunks_exact_mut(ww * 3)) {
+        planes[0].upsample_row(y, win.x0, &mut r0[..ww], &mut s.sums, &mut s.wide);
+        if h.ncomp == 1 {
+            gray_to_rgb(&r0[..ww], dst);
+        } else {
+            planes[1].upsample_row(y, win.x0, &mut r1[..ww], &mut s.sums, &mut s.wide);
+            planes[2].upsample_row(y, win.x0, &mut r2[..ww], &mut s.sums, &mut s.wide);
+            ycbcr_to_rgb(&r0[..ww], &r1[..ww], &r2[..ww], dst);
+        }
     }
 }
 

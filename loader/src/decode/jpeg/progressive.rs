@@ -4,6 +4,8 @@
 //! finds the non-zero ones of a band with a bit mask instead of a walk.
 
 use super::huffman::{Bits, Table};
+use super::markers::{Header, Scan};
+use super::{idct, Geometry, Scratch};
 
 /// Per-scan state: DC predictors and the end-of-band run.
 #[derive(Default)]
@@ -171,4 +173,154 @@ fn nonzero_mask(coef: &[i16; 64]) -> u64 {
 #[inline(always)]
 fn band(k: usize, se: usize) -> u64 {
     (u64::MAX >> (63 - se)) & (u64::MAX << k)
+}
+
+/// Every scan of a progressive JPEG, each down to the window's last MCU
+/// row, then the inverse transform of the window's blocks.
+#[inline(always)]
+pub(super) fn progressive<M: idct::Madd>(
+    bytes: &[u8],
+    mut pos: usize,
+    first: Scan,
+    h: &mut Header,
+    s: &mut Scratch,
+    g: &Geometry,
+) -> Option<()> {
+    for (coefs, c) in s.coefs.iter_mut().zip(&h.comps[..h.ncomp]) {
+        coefs.clear();
+        coefs.resize(g.mcus_x * c.h * g.mcu_y1 * c.v * 64, 0);
+    }
+    let mut scan = first;
+    loop {
+        let mut bits = Bits::new(bytes.get(pos..)?);
+        progressive_scan(&mut bits, &scan, h, s, g)?;
+        pos = super::markers::skip_to_marker(bytes, pos + bits.position())?;
+        match h.next_scan(bytes, &mut pos, &mut s.tables)? {
+            Some(next) => scan = next,
+            None => break,
+        }
+    }
+    let quant: [[f32; 64]; 4] = std::array::from_fn(|i| idct::multipliers(&h.quant[i]));
+    for (ci, c) in h.comps[..h.ncomp].iter().enumerate() {
+        let blocks_x = g.mcus_x * c.h;
+        let stride = g.planes[ci].0;
+        for by in g.mcu_y0 * c.v..g.mcu_y1 * c.v {
+            for bx in g.mcu_x0 * c.h..g.mcu_x1 * c.h {
+                let at = (by * blocks_x + bx) * 64;
+                let zigzag = s.coefs[ci].get(at..at + 64)?;
+                let last = zigzag.iter().rposition(|&v| v != 0).unwrap_or(0);
+                let mut coef = [0i16; 64];
+                for (&n, &v) in super::huffman::ZIGZAG.iter().zip(&zigzag[..=last]) {
+                    coef[n as usize] = v;
+                }
+                let (rows, cols) = idct::extent(last);
+                let x = (bx - g.mcu_x0 * c.h) * 8;
+                let y = (by - g.mcu_y0 * c.v) * 8;
+                let plane = &mut s.planes[ci][y * stride + x..];
+                idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
+            }
+        }
+    }
+    Some(())
+}
+
+/// One progressive scan, down to the window's last MCU row.
+#[inline(always)]
+pub(super) fn progressive_scan(
+    bits: &mut Bits,
+    scan: &Scan,
+    h: &Header,
+    s: &mut Scratch,
+    g: &Geometry,
+) -> Option<()> {
+    let tables = &s.tables;
+    let mut state = State::default();
+    let mut left = h.restart;
+    let mut restart = |bits: &mut Bits, state: &mut State| {
+        if h.restart > 0 {
+            if left == 0 {
+                if !bits.restart() {
+                    return None;
+                }
+                *state = State::default();
+                left = h.restart;
+            }
+            left -= 1;
+        }
+        Some(())
+    };
+    if scan.ns > 1 {
+        // Interleaved (DC only): MCUs as in a baseline scan.
+        for mcu_y in 0..g.mcu_y1 {
+            for mcu_x in 0..g.mcus_x {
+                restart(bits, &mut state)?;
+                for si in 0..scan.ns {
+                    let ci = scan.order[si];
+                    let c = &h.comps[ci];
+                    for by in 0..c.v {
+                        for bx in 0..c.h {
+                            let (x, y) = (mcu_x * c.h + bx, mcu_y * c.v + by);
+                            let coef = block(&mut s.coefs[ci], g.mcus_x * c.h, x, y)?;
+                            scan_block(bits, scan, h, tables, &mut state, si, coef)?;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        // One component: its own block grid, one block per MCU.
+        let ci = scan.order[0];
+        let c = &h.comps[ci];
+        let cols = (h.width * c.h).div_ceil(h.hmax).div_ceil(8);
+        let rows = (h.height * c.v)
+            .div_ceil(h.vmax)
+            .div_ceil(8)
+            .min(g.mcu_y1 * c.v);
+        for y in 0..rows {
+            for x in 0..cols {
+                restart(bits, &mut state)?;
+                let coef = block(&mut s.coefs[ci], g.mcus_x * c.h, x, y)?;
+                scan_block(bits, scan, h, tables, &mut state, 0, coef)?;
+            }
+        }
+    }
+    bits.intact().then_some(())
+}
+
+/// One block's part of a progressive scan; `si`: the component's place in
+/// the scan.
+#[inline(always)]
+pub(super) fn scan_block(
+    bits: &mut Bits,
+    scan: &Scan,
+    h: &Header,
+    tables: &[Table; 8],
+    state: &mut State,
+    si: usize,
+    coef: &mut [i16; 64],
+) -> Option<()> {
+    let (ss, se, al) = (scan.ss, scan.se, scan.al);
+    let c = &h.comps[scan.order[si]];
+    let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
+    match (ss == 0, scan.ah == 0) {
+        (true, true) => bits.dc_first(dc, &mut state.pred[si], &mut coef[0], al),
+        (true, false) => {
+            bits.dc_refine(&mut coef[0], al);
+            Some(())
+        }
+        (false, true) => bits.ac_first(ac, coef, (ss, se, al), &mut state.eobrun),
+        (false, false) => bits.ac_refine(ac, coef, (ss, se, al), &mut state.eobrun),
+    }
+}
+
+/// Block `(bx, by)` of a component whose block rows are `blocks_x` long.
+#[inline(always)]
+pub(super) fn block(
+    coefs: &mut [i16],
+    blocks_x: usize,
+    bx: usize,
+    by: usize,
+) -> Option<&mut [i16; 64]> {
+    let at = (by * blocks_x + bx) * 64;
+    coefs.get_mut(at..at + 64)?.try_into().ok()
 }

@@ -1,0 +1,59 @@
+//! Baseline (sequential) scans: each MCU's blocks decoded, dequantized and
+//! inverse-transformed straight into the planes, rows outside the window
+//! skipped.
+
+use super::huffman::Bits;
+use super::markers::{Header, Scan};
+use super::{idct, Geometry, Scratch};
+
+/// The one scan of a baseline JPEG, down to the window's last MCU row;
+/// only blocks inside the window are inverse-transformed.
+#[inline(always)]
+pub(super) fn baseline<M: idct::Madd>(
+    data: &[u8],
+    scan: &Scan,
+    h: &Header,
+    s: &mut Scratch,
+    g: &Geometry,
+) -> Option<()> {
+    let quant: [[f32; 64]; 4] = std::array::from_fn(|i| idct::multipliers(&h.quant[i]));
+    let tables = &s.tables;
+    let mut bits = Bits::new(data);
+    let mut pred = [0i32; 3];
+    let mut coef = [0i16; 64];
+    let mut left = h.restart;
+    for mcu_y in 0..g.mcu_y1 {
+        for mcu_x in 0..g.mcus_x {
+            if h.restart > 0 {
+                if left == 0 {
+                    if !bits.restart() {
+                        return None;
+                    }
+                    pred = [0; 3];
+                    left = h.restart;
+                }
+                left -= 1;
+            }
+            let inside = mcu_y >= g.mcu_y0 && mcu_x >= g.mcu_x0 && mcu_x < g.mcu_x1;
+            for (si, &ci) in scan.order[..scan.ns].iter().enumerate() {
+                let c = &h.comps[ci];
+                let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
+                let stride = g.planes[ci].0;
+                for by in 0..c.v {
+                    for bx in 0..c.h {
+                        let last = bits.block(dc, ac, &mut pred[si], &mut coef, inside)?;
+                        if inside {
+                            let x = ((mcu_x - g.mcu_x0) * c.h + bx) * 8;
+                            let y = ((mcu_y - g.mcu_y0) * c.v + by) * 8;
+                            let plane = &mut s.planes[ci][y * stride + x..];
+                            let (rows, cols) = idct::extent(last);
+                            idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
+                            coef[..rows * 8].fill(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    bits.intact().then_some(())
+}

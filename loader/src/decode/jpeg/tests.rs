@@ -1,0 +1,237 @@
+//! The window decoder against zune-jpeg and libjpeg-turbo, on generated
+//! images of every size and subsampling and on fixtures.
+
+use super::*;
+use image::codecs::jpeg::JpegEncoder;
+use image::{ExtendedColorType, ImageEncoder};
+
+fn photo(w: usize, h: usize) -> Vec<u8> {
+    let mut px = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            let (fx, fy) = (x as f32 / w as f32, y as f32 / h as f32);
+            px.push((255.0 * fx) as u8);
+            px.push((128.0 + 100.0 * (fx * 9.0 + fy * 4.0).sin()) as u8);
+            px.push(((x * 7 + y * 13) % 256) as u8);
+        }
+    }
+    px
+}
+
+fn encode(px: &[u8], w: usize, h: usize, color: ExtendedColorType, q: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    JpegEncoder::new_with_quality(&mut out, q)
+        .write_image(px, w as u32, h as u32, color)
+        .unwrap();
+    out
+}
+
+fn full(w: usize, h: usize) -> Window {
+    Window {
+        x0: 0,
+        y0: 0,
+        x1: w,
+        y1: h,
+    }
+}
+
+/// Max and mean absolute difference of `win` against zune-jpeg's full decode.
+fn against_zune(jpeg: &[u8], win: Window) -> (u8, f64) {
+    let mut zune = Vec::new();
+    let (w, _) = crate::decode::zune("t", jpeg, &mut zune).unwrap();
+    let mut ours = Vec::new();
+    let got = decode_window(jpeg, &mut Scratch::default(), &mut ours, |_, _| win).unwrap();
+    assert_eq!(got, win);
+    let (mut max, mut sum) = (0u8, 0u64);
+    for y in 0..win.height() {
+        for x in 0..win.width() * 3 {
+            let a = ours[y * win.width() * 3 + x];
+            let b = zune[(win.y0 + y) * w * 3 + win.x0 * 3 + x];
+            max = max.max(a.abs_diff(b));
+            sum += a.abs_diff(b) as u64;
+        }
+    }
+    (max, sum as f64 / (win.width() * win.height() * 3) as f64)
+}
+
+/// Every size from 1 to 17 pixels in each axis, for each chroma
+/// subsampling wick decodes (4:4:4, 4:2:2, 4:4:0, 4:2:0), baseline and
+/// progressive: decoded, not declined or panicking (1x1 and 2x1 4:2:0
+/// panicked in the upsampler), and with libjpeg's pixels, which PIL and
+/// torchvision give: within 3 levels of libjpeg-turbo (with the
+/// `turbojpeg` feature, as CI runs it). A component at most 2 samples
+/// wide is replicated, as libjpeg does (it was triangle-filtered: up to
+/// 60 levels off). zune-jpeg upsamples such tiny images otherwise (up
+/// to 60 levels from libjpeg), so it is the reference only for 4:4:4.
+#[test]
+fn tiny_images_of_every_size_and_subsampling_decode_as_libjpeg() {
+    use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+    let mut worst = (0u8, String::new());
+    for sampling in [
+        SamplingFactor::F_1_1,
+        SamplingFactor::F_2_1,
+        SamplingFactor::F_1_2,
+        SamplingFactor::F_2_2,
+    ] {
+        for progressive in [false, true] {
+            for (w, h) in (1..=17).flat_map(|w| (1..=17).map(move |h| (w, h))) {
+                let rgb = photo(w, h);
+                let mut jpeg = Vec::new();
+                let mut enc = Encoder::new(&mut jpeg, 90);
+                enc.set_sampling_factor(sampling);
+                enc.set_progressive(progressive);
+                enc.encode(&rgb, w as u16, h as u16, ColorType::Rgb)
+                    .unwrap();
+                let label = format!("{w}x{h} {sampling:?} progressive {progressive}");
+                let got = std::panic::catch_unwind(|| {
+                    let mut out = Vec::new();
+                    let win = |_, _| full(w, h);
+                    (
+                        decode_window(&jpeg, &mut Scratch::default(), &mut out, win),
+                        out,
+                    )
+                });
+                let (got, ours) = got.unwrap_or_else(|_| panic!("{label}: panicked"));
+                assert_eq!(got, Some(full(w, h)), "{label}: declined");
+                assert!(ours.len() >= w * h * 3, "{label}");
+                let mut max = 0;
+                if matches!(sampling, SamplingFactor::F_1_1) {
+                    max = against_zune(&jpeg, full(w, h)).0;
+                }
+                #[cfg(feature = "turbojpeg")]
+                {
+                    let mut turbo = Vec::new();
+                    let crop = crate::geometry::Crop {
+                        left: 0.0,
+                        top: 0.0,
+                        width: w as f64,
+                        height: h as f64,
+                    };
+                    let all = |_, _| (crop, false);
+                    let r = crate::decode::turbo::decode_region(&jpeg, &mut turbo, (w, h), all);
+                    assert_eq!(r.map(|r| (r.width, r.height)), Some((w, h)), "{label}");
+                    let n = w * h * 3;
+                    let d = ours[..n]
+                        .iter()
+                        .zip(&turbo[..n])
+                        .map(|(a, b)| a.abs_diff(*b));
+                    max = max.max(d.max().unwrap());
+                }
+                if max > worst.0 {
+                    worst = (max, label);
+                }
+            }
+        }
+    }
+    assert!(worst.0 <= 3, "worst against the reference: {worst:?}");
+}
+
+#[test]
+fn full_images_match_zune() {
+    // image's encoder writes 4:2:0 colour and gray, both baseline.
+    let (w, h) = (67, 45);
+    let rgb = photo(w, h);
+    let jpeg = encode(&rgb, w, h, ExtendedColorType::Rgb8, 90);
+    let (max, mean) = against_zune(&jpeg, full(w, h));
+    assert!(max <= 3 && mean < 0.6, "max {max} mean {mean}");
+    let gray: Vec<u8> = rgb.chunks(3).map(|p| p[1]).collect();
+    let jpeg = encode(&gray, w, h, ExtendedColorType::L8, 75);
+    let (max, mean) = against_zune(&jpeg, full(w, h));
+    assert!(max <= 2 && mean < 0.6, "max {max} mean {mean}");
+}
+
+#[test]
+fn windows_equal_the_same_pixels_of_the_full_decode() {
+    let (w, h) = (203, 157);
+    let jpeg = encode(&photo(w, h), w, h, ExtendedColorType::Rgb8, 85);
+    let mut scratch = Scratch::default();
+    let mut all = Vec::new();
+    decode_window(&jpeg, &mut scratch, &mut all, |_, _| full(w, h)).unwrap();
+    for (i, win) in [
+        (0, 0, 5, 3),
+        (17, 33, 120, 34),
+        (150, 100, 203, 157),
+        (1, 1, 202, 156),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let label = format!("window {i}");
+        assert_window_is_part_of(&jpeg, &mut scratch, &all, w, win, &label);
+    }
+}
+
+/// Decodes window `(x0, y0, x1, y1)` of `jpeg` and checks each row
+/// against the same pixels of `all`, the full decode (`w` wide).
+fn assert_window_is_part_of(
+    jpeg: &[u8],
+    scratch: &mut Scratch,
+    all: &[u8],
+    w: usize,
+    (x0, y0, x1, y1): (usize, usize, usize, usize),
+    label: &str,
+) {
+    let win = Window { x0, y0, x1, y1 };
+    let mut part = vec![7u8; 3];
+    decode_window(jpeg, scratch, &mut part, |_, _| win).unwrap();
+    for y in 0..win.height() {
+        let got = &part[y * win.width() * 3..(y + 1) * win.width() * 3];
+        let start = ((win.y0 + y) * w + win.x0) * 3;
+        assert_eq!(got, &all[start..start + got.len()], "{label}, row {y}");
+    }
+}
+
+#[test]
+fn unsupported_and_damaged_files_are_declined() {
+    let (w, h) = (40, 24);
+    let jpeg = encode(&photo(w, h), w, h, ExtendedColorType::Rgb8, 80);
+    let mut scratch = Scratch::default();
+    let mut out = Vec::new();
+    let any = |w, h| full(w, h);
+    assert!(decode_window(&jpeg, &mut scratch, &mut out, any).is_some());
+    // Truncated inside the entropy-coded data.
+    let cut = &jpeg[..jpeg.len() * 2 / 3];
+    assert!(decode_window(cut, &mut scratch, &mut out, any).is_none());
+    // Every truncation and byte flip: never a panic.
+    for n in 0..jpeg.len() {
+        let _ = decode_window(&jpeg[..n], &mut scratch, &mut out, any);
+        let mut bad = jpeg.clone();
+        bad[n] ^= 0x5A;
+        let _ = decode_window(&bad, &mut scratch, &mut out, any);
+    }
+    // Arithmetic coding is left to zune-jpeg.
+    let mut sof9 = jpeg.clone();
+    let at = sof9.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+    sof9[at + 1] = 0xC9;
+    assert!(decode_window(&sof9, &mut scratch, &mut out, any).is_none());
+}
+
+/// Pillow-written codings (tests/fixtures/make_fixtures.py) against
+/// Pillow's own decode, whole and by windows.
+#[test]
+fn progressive_and_restart_fixtures_match_libjpeg() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/jpeg");
+    let mut scratch = Scratch::default();
+    for name in ["prog420", "prog444", "prog_gray", "prog_rst", "base422_rst"] {
+        let jpeg = std::fs::read(dir.join(format!("{name}.jpg"))).unwrap();
+        let want = image::open(dir.join(format!("{name}.png")))
+            .unwrap()
+            .to_rgb8();
+        let (w, h) = (want.width() as usize, want.height() as usize);
+        let mut all = Vec::new();
+        let got = decode_window(&jpeg, &mut scratch, &mut all, |_, _| full(w, h));
+        assert_eq!(got, Some(full(w, h)), "{name} is decoded, not declined");
+        let diffs: Vec<u8> = all[..w * h * 3]
+            .iter()
+            .zip(want.as_raw())
+            .map(|(a, b)| a.abs_diff(*b))
+            .collect();
+        let max = *diffs.iter().max().unwrap();
+        let mean = diffs.iter().map(|&d| d as f64).sum::<f64>() / diffs.len() as f64;
+        assert!(max <= 4 && mean < 0.6, "{name}: max {max} mean {mean}");
+        for win in [(0, 0, 9, 7), (13, 9, 40, 30), (30, 20, 61, 43)] {
+            let label = format!("{name} {win:?}");
+            assert_window_is_part_of(&jpeg, &mut scratch, &all, w, win, &label);
+        }
+    }
+}
