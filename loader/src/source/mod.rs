@@ -7,6 +7,7 @@ mod open;
 mod shards;
 mod tensors;
 pub(crate) mod tfrecord;
+mod tokens;
 mod webdataset;
 
 pub use folder::ImageFolder;
@@ -17,6 +18,7 @@ pub(crate) use shards::read_exact_at;
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
 pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
+pub use tokens::{TokenFile, TokenLayout, TokenWindows, WindowOrder, WindowStart};
 pub use webdataset::{WebDataset, WebDatasetOptions};
 
 use crate::error::{Error, Result};

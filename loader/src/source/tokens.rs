@@ -1,0 +1,497 @@
+//! Language-model token files, memory-mapped, in the two layouts LLM
+//! trainers already write, and the windows of `seq_len + 1` tokens a
+//! training step reads from them.
+//!
+//! - **Raw `u16`** (nanoGPT's and llama2.c's `train.bin`): little-endian
+//!   `u16` tokens and nothing else.
+//! - **llm.c shards**: a header of 256 little-endian `i32` (magic
+//!   20240520, version 1, token count), then that many `u16` tokens. The
+//!   header is checked against the file's size before any token is read.
+//!
+//! A window never crosses a file's end. [`TokenWindows::plan`] gives an
+//! epoch's window starts for one rank: every token used once as an input
+//! (non-overlapping windows; the last token of each is the next one's
+//! first, as the target of the last input) or at random offsets, a pure
+//! function of `(seed, epoch)`, dealt to ranks in equal counts.
+//!
+//! This is the reading half of the loader's token source: the loader
+//! integration (typed `input` / `target` batch fields) is still to come.
+
+use super::shards::open_shard;
+use crate::error::{Error, Result};
+use crate::rng::{keyed_rng, Purpose};
+use memmap2::Mmap;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use std::path::{Path, PathBuf};
+
+/// llm.c's header: this many little-endian `i32`.
+const LLMC_HEADER_INTS: usize = 256;
+/// llm.c's magic number (`header[0]`).
+const LLMC_MAGIC: i32 = 20240520;
+/// The llm.c header version of `u16` tokens (`header[1]`).
+const LLMC_VERSION_U16: i32 = 1;
+
+/// How a token file stores its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TokenLayout {
+    /// Little-endian `u16`, nothing else (`train.bin`).
+    RawU16,
+    /// llm.c: a 1 KiB header (magic, version, count), then `u16` tokens.
+    LlmC,
+}
+
+/// One memory-mapped token file.
+///
+/// The mapping is read-only and every read is bounds-checked, which is
+/// sound only while no one writes or truncates the file (a truncation is a
+/// `SIGBUS` on the next read of a lost page); replacing it by a rename is
+/// fine.
+#[derive(Debug)]
+pub struct TokenFile {
+    path: PathBuf,
+    map: Mmap,
+    /// Where the tokens start, in bytes.
+    start: usize,
+    len: usize,
+    layout: TokenLayout,
+}
+
+impl TokenFile {
+    /// Opens `path`: an llm.c shard when it starts with llm.c's magic
+    /// number, raw `u16` tokens otherwise.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let map = map(path)?;
+        let layout = match map.get(..4) {
+            Some(m) if i32::from_le_bytes(m.try_into().expect("4 bytes")) == LLMC_MAGIC => {
+                TokenLayout::LlmC
+            }
+            _ => TokenLayout::RawU16,
+        };
+        Self::with_layout(path, map, layout)
+    }
+
+    /// Opens `path` as `layout`, checking the file against it.
+    pub fn open_as(path: impl AsRef<Path>, layout: TokenLayout) -> Result<Self> {
+        let path = path.as_ref();
+        Self::with_layout(path, map(path)?, layout)
+    }
+
+    fn with_layout(path: &Path, map: Mmap, layout: TokenLayout) -> Result<Self> {
+        let bad = |reason: String| Error::Dataset {
+            path: path.to_path_buf(),
+            reason,
+            source: None,
+        };
+        let size = map.len();
+        let (start, len) = match layout {
+            TokenLayout::LlmC => {
+                let header_bytes = 4 * LLMC_HEADER_INTS;
+                if size < header_bytes {
+                    return Err(bad(format!(
+                        "{size} bytes cannot hold llm.c's {header_bytes}-byte header"
+                    )));
+                }
+                let int = |i: usize| {
+                    i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+                };
+                let (magic, version, count) = (int(0), int(1), int(2));
+                if magic != LLMC_MAGIC {
+                    return Err(bad(format!(
+                        "llm.c magic is {magic}, not {LLMC_MAGIC}: not an llm.c token shard"
+                    )));
+                }
+                if version != LLMC_VERSION_U16 {
+                    return Err(bad(format!(
+                        "llm.c version {version}: only version {LLMC_VERSION_U16} (u16 tokens) \
+                         is read"
+                    )));
+                }
+                let count = usize::try_from(count)
+                    .map_err(|_| bad(format!("llm.c token count {count} is negative")))?;
+                let want = count
+                    .checked_mul(2)
+                    .and_then(|b| b.checked_add(header_bytes));
+                if want != Some(size) {
+                    return Err(bad(format!(
+                        "the llm.c header says {count} tokens ({} bytes with the header), \
+                         the file has {size} bytes",
+                        want.map_or("too many".to_string(), |w| w.to_string())
+                    )));
+                }
+                (header_bytes, count)
+            }
+            TokenLayout::RawU16 => {
+                if !size.is_multiple_of(2) {
+                    return Err(bad(format!(
+                        "{size} bytes is not a whole number of u16 tokens"
+                    )));
+                }
+                (0, size / 2)
+            }
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            map,
+            start,
+            len,
+            layout,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How the file stores its tokens.
+    pub fn layout(&self) -> TokenLayout {
+        self.layout
+    }
+
+    /// Tokens in the file.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the file holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Token `i`.
+    pub fn get(&self, i: usize) -> Option<u16> {
+        let at = self.start + 2 * i;
+        (i < self.len).then(|| u16::from_le_bytes([self.map[at], self.map[at + 1]]))
+    }
+
+    /// Copies tokens `first..first + out.len()` into `out`, widened to
+    /// `u32` (a window's input, or its target from `first + 1`). An error
+    /// names the file when the range runs past its end.
+    pub fn read_into(&self, first: usize, out: &mut [u32]) -> Result<()> {
+        let end = first.checked_add(out.len()).filter(|&e| e <= self.len);
+        let Some(end) = end else {
+            return Err(Error::Dataset {
+                path: self.path.clone(),
+                reason: format!(
+                    "tokens {first}..{} are past the file's {} tokens",
+                    first.saturating_add(out.len()),
+                    self.len
+                ),
+                source: None,
+            });
+        };
+        let bytes = &self.map[self.start + 2 * first..self.start + 2 * end];
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
+        }
+        Ok(())
+    }
+}
+
+fn map(path: &Path) -> Result<Mmap> {
+    let (file, _) = open_shard(path)?;
+    // SAFETY: the map is read-only and every access is bounds-checked
+    // against its length. That is sound only while no one writes or
+    // truncates the file, which this module cannot enforce (a concurrent
+    // write changes bytes behind `&[u8]`; a truncation is SIGBUS): the
+    // type's docs state the contract, as for safetensors shards.
+    unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Where an epoch's windows start: which file, which token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowStart {
+    /// The file, as an index into the files given to [`TokenWindows::new`].
+    pub file: usize,
+    /// The first token of the window (`seq_len + 1` tokens from here).
+    pub token: usize,
+}
+
+/// How an epoch's windows are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WindowOrder {
+    /// Windows `seq_len` apart from each file's start, every token an input
+    /// once per epoch; their order shuffled from `(seed, epoch)`.
+    NonOverlapping,
+    /// As many windows as `NonOverlapping` gives, each at a random offset
+    /// of a random file (files weighted by their windows), from
+    /// `(seed, epoch, index)`.
+    Random,
+}
+
+/// The windows of `seq_len + 1` tokens over a set of token files, dealt to
+/// data-parallel ranks.
+#[derive(Debug, Clone)]
+pub struct TokenWindows {
+    /// Per file: how many tokens it holds.
+    lens: Vec<usize>,
+    seq_len: usize,
+    order: WindowOrder,
+    seed: u64,
+    rank: usize,
+    world_size: usize,
+}
+
+impl TokenWindows {
+    /// Windows of `seq_len + 1` tokens over files of `lens` tokens, for
+    /// rank `rank` of `world_size`. An error when `seq_len` is 0, the rank
+    /// is out of range, or the files hold fewer windows than ranks.
+    pub fn new(
+        lens: Vec<usize>,
+        seq_len: usize,
+        order: WindowOrder,
+        seed: u64,
+        (rank, world_size): (usize, usize),
+    ) -> Result<Self> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if seq_len == 0 {
+            return bad("seq_len must be at least 1".into());
+        }
+        if world_size == 0 || rank >= world_size {
+            return bad(format!("rank {rank} of world size {world_size}"));
+        }
+        let w = Self {
+            lens,
+            seq_len,
+            order,
+            seed,
+            rank,
+            world_size,
+        };
+        let total = w.total();
+        if total < world_size {
+            return bad(format!(
+                "the files hold {total} windows of {} tokens: fewer than the {world_size} ranks",
+                seq_len + 1
+            ));
+        }
+        Ok(w)
+    }
+
+    /// Non-overlapping windows of file `f`: starts `0, seq_len, ...` while
+    /// `seq_len + 1` tokens remain.
+    fn windows_in(&self, f: usize) -> usize {
+        self.lens[f].saturating_sub(1) / self.seq_len
+    }
+
+    fn total(&self) -> usize {
+        (0..self.lens.len()).map(|f| self.windows_in(f)).sum()
+    }
+
+    /// Windows per epoch for each rank (equal on every rank: the tail that
+    /// cannot go to all of them is left out that epoch).
+    pub fn per_rank(&self) -> usize {
+        self.total() / self.world_size
+    }
+
+    /// This rank's window starts for `epoch`, in order.
+    pub fn plan(&self, epoch: u64) -> Vec<WindowStart> {
+        let total = self.total();
+        let all: Vec<WindowStart> = match self.order {
+            WindowOrder::NonOverlapping => {
+                let mut all: Vec<WindowStart> = (0..self.lens.len())
+                    .flat_map(|file| (0..self.windows_in(file)).map(move |k| (file, k)))
+                    .map(|(file, k)| WindowStart {
+                        file,
+                        token: k * self.seq_len,
+                    })
+                    .collect();
+                // The sampler's shuffle, from the same `(seed, epoch)` stream.
+                all.shuffle(&mut keyed_rng(self.seed, epoch, Purpose::Shuffle, 0));
+                all
+            }
+            WindowOrder::Random => (0..total)
+                .map(|i| {
+                    let mut rng = keyed_rng(self.seed, epoch, Purpose::Sample, i as u64);
+                    // A file by its share of the windows, then any start in it.
+                    let mut pick = rng.random_range(0..total);
+                    let mut file = 0;
+                    while pick >= self.windows_in(file) {
+                        pick -= self.windows_in(file);
+                        file += 1;
+                    }
+                    let last = self.lens[file] - self.seq_len - 1;
+                    WindowStart {
+                        file,
+                        token: rng.random_range(0..=last),
+                    }
+                })
+                .collect(),
+        };
+        let n = self.per_rank();
+        all.into_iter()
+            .skip(self.rank)
+            .step_by(self.world_size)
+            .take(n)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn raw(dir: &Path, name: &str, tokens: &[u16]) -> PathBuf {
+        let path = dir.join(name);
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn llmc(dir: &Path, name: &str, tokens: &[u16], header: [i32; 3]) -> PathBuf {
+        let path = dir.join(name);
+        let mut h = [0i32; LLMC_HEADER_INTS];
+        h[..3].copy_from_slice(&header);
+        let mut bytes: Vec<u8> = h.iter().flat_map(|i| i.to_le_bytes()).collect();
+        bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn both_layouts_read_the_tokens_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u16> = (0..1000u32).map(|i| (i * 7919 % 65536) as u16).collect();
+        let a = TokenFile::open(raw(dir.path(), "train.bin", &tokens)).unwrap();
+        let n = tokens.len() as i32;
+        let b = TokenFile::open(llmc(dir.path(), "s.bin", &tokens, [LLMC_MAGIC, 1, n])).unwrap();
+        assert_eq!(
+            (a.layout(), b.layout()),
+            (TokenLayout::RawU16, TokenLayout::LlmC)
+        );
+        for f in [&a, &b] {
+            assert_eq!(f.len(), 1000);
+            assert_eq!(f.get(999), Some(tokens[999]));
+            assert_eq!(f.get(1000), None);
+            let mut w = vec![0u32; 65];
+            f.read_into(100, &mut w).unwrap();
+            let want: Vec<u32> = tokens[100..165].iter().map(|&t| t.into()).collect();
+            assert_eq!(w, want);
+            let err = f.read_into(990, &mut w).unwrap_err().to_string();
+            assert!(err.contains("past the file"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_header_or_size_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = [1u16, 2, 3, 4];
+        let cases = [
+            (
+                llmc(dir.path(), "short.bin", &t, [LLMC_MAGIC, 1, 5]),
+                "says 5 tokens",
+            ),
+            (
+                llmc(dir.path(), "long.bin", &t, [LLMC_MAGIC, 1, 3]),
+                "says 3 tokens",
+            ),
+            (
+                llmc(dir.path(), "neg.bin", &t, [LLMC_MAGIC, 1, -1]),
+                "negative",
+            ),
+            (
+                llmc(dir.path(), "v2.bin", &t, [LLMC_MAGIC, 2, 4]),
+                "version 2",
+            ),
+        ];
+        for (path, want) in cases {
+            let err = TokenFile::open(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(want) && err.contains(path.to_str().unwrap()),
+                "{err}"
+            );
+        }
+        let odd = dir.path().join("odd.bin");
+        std::fs::write(&odd, [1u8, 2, 3]).unwrap();
+        let err = TokenFile::open(&odd).unwrap_err().to_string();
+        assert!(
+            err.contains("whole number") && err.contains("odd.bin"),
+            "{err}"
+        );
+        let tiny = dir.path().join("tiny.bin");
+        std::fs::write(&tiny, [0u8; 8]).unwrap();
+        let err = TokenFile::open_as(&tiny, TokenLayout::LlmC)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("header"), "{err}");
+        let err = TokenFile::open(dir.path().join("missing.bin")).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_non_overlapping_epoch_uses_every_token_once_across_disjoint_ranks() {
+        // Files of 100, 41 and 7 tokens, windows of 10 + 1.
+        let lens = vec![100, 41, 7];
+        let plans: Vec<Vec<WindowStart>> = (0..3)
+            .map(|rank| {
+                let w =
+                    TokenWindows::new(lens.clone(), 10, WindowOrder::NonOverlapping, 5, (rank, 3))
+                        .unwrap();
+                w.plan(2)
+            })
+            .collect();
+        // 9 + 4 + 0 windows: 4 per rank, one left out this epoch.
+        assert!(plans.iter().all(|p| p.len() == 4), "{plans:?}");
+        let all: HashSet<WindowStart> = plans.iter().flatten().copied().collect();
+        assert_eq!(all.len(), 12, "ranks are disjoint");
+        for s in &all {
+            assert_eq!(s.token % 10, 0);
+            assert!(s.token + 11 <= lens[s.file], "{s:?} runs past its file");
+        }
+        // Over one rank, every window start of the epoch at most once;
+        // with one rank, each input token exactly once.
+        let one =
+            TokenWindows::new(lens.clone(), 10, WindowOrder::NonOverlapping, 5, (0, 1)).unwrap();
+        let mut inputs = vec![0u32; 148];
+        let offset = [0, 100, 141];
+        for s in one.plan(0) {
+            for t in s.token..s.token + 10 {
+                inputs[offset[s.file] + t] += 1;
+            }
+        }
+        assert!(
+            inputs[..90].iter().all(|&c| c == 1),
+            "file 0's first 90 tokens once"
+        );
+        assert!(
+            inputs[100..140].iter().all(|&c| c == 1),
+            "file 1's first 40 once"
+        );
+        assert_ne!(one.plan(0), one.plan(1), "a new order every epoch");
+        assert_eq!(
+            one.plan(1),
+            one.plan(1),
+            "the same order for the same epoch"
+        );
+    }
+
+    #[test]
+    fn random_windows_stay_inside_their_file_and_follow_the_seed() {
+        let lens = vec![50, 500];
+        let w = TokenWindows::new(lens.clone(), 16, WindowOrder::Random, 9, (1, 2)).unwrap();
+        let plan = w.plan(3);
+        assert_eq!(plan.len(), w.per_rank());
+        assert!(plan.iter().all(|s| s.token + 17 <= lens[s.file]));
+        assert_eq!(plan, w.plan(3));
+        assert_ne!(plan, w.plan(4));
+    }
+
+    #[test]
+    fn impossible_settings_are_errors() {
+        let w = |lens: Vec<usize>, seq, ranks| {
+            TokenWindows::new(lens, seq, WindowOrder::NonOverlapping, 0, ranks)
+        };
+        assert!(w(vec![100], 0, (0, 1)).is_err());
+        assert!(w(vec![100], 10, (2, 2)).is_err());
+        let err = w(vec![21], 10, (0, 3)).unwrap_err().to_string();
+        assert!(err.contains("fewer than the 3 ranks"), "{err}");
+    }
+}
