@@ -172,9 +172,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Whether the error is about one sample or record (unreadable, empty,
-    /// undecodable, damaged, or the code run for it panicked): the batch
-    /// holding it failed, and a tolerant loop can go on with the next one
-    /// (or build with `BadSamples::Skip`). The loader itself is fine.
+    /// undecodable, damaged, or the code run for it panicked): from an
+    /// epoch, the batch holding it failed, and a tolerant loop can go on
+    /// with the next one (or build with `BadSamples::Skip`); the loader
+    /// itself is fine. (An I/O error while a source is opened is one too:
+    /// there it means the dataset cannot be read.)
     pub fn is_sample_error(&self) -> bool {
         matches!(
             self,
