@@ -38,7 +38,7 @@ fn bench_loader(c: &mut Criterion) {
     // The same per-sample work with no pool, queues or prefetch.
     let l = benches::rrc_u8_loader(&dir, 1);
     let source = ImageFolder::new(&dir).expect("bench folder");
-    let transform = l.transform().clone();
+    let transform = l.transform().expect("the built-in image map").clone();
     let mut slot = vec![0u8; transform.slot_len()];
     let mut epoch = 0;
     group.bench_function("sequential_loop", |b| {

@@ -37,7 +37,7 @@ fn main() {
     let mut one = benches::rrc_u8_loader(&dir, 1);
     let mut two = benches::rrc_u8_loader(&dir, 2);
     let source = ImageFolder::new(&dir).expect("bench folder");
-    let transform: ImageTransform = two.transform().clone();
+    let transform: ImageTransform = two.transform().expect("the built-in image map").clone();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()

@@ -138,6 +138,7 @@ impl Cache {
             bytes,
             label: e.label,
             rgb_size: e.rgb_size,
+            parts: Vec::new(),
         }))
     }
 

@@ -36,13 +36,18 @@ impl From<usize> for Size {
     }
 }
 
-/// A source box in pixels, fractional (the eval path's scaled centre crop).
+/// A box of an image in pixels, fractional (the eval path's scaled centre
+/// crop): what a resize reads ([`crate::ops`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Crop {
-    pub(crate) left: f64,
-    pub(crate) top: f64,
-    pub(crate) width: f64,
-    pub(crate) height: f64,
+pub struct Crop {
+    /// Left edge.
+    pub left: f64,
+    /// Top edge.
+    pub top: f64,
+    /// Width.
+    pub width: f64,
+    /// Height.
+    pub height: f64,
 }
 
 /// A window of image pixels: columns `x0..x1`, rows `y0..y1`.

@@ -23,8 +23,8 @@
 //! for epoch in 0..10 {
 //!     for batch in loader.epoch(epoch) {
 //!         let batch = batch?;
-//!         // batch.images: f32 [128, 3, 224, 224], ImageNet-normalized
-//!         // batch.labels: u32 [128]
+//!         // batch.images()?: f32 [128, 3, 224, 224], ImageNet-normalized
+//!         // batch.labels()?: u32 [128]
 //!         # let _ = batch;
 //!     }
 //!     println!("{:?}", loader.stats());
@@ -84,8 +84,11 @@ mod cache;
 mod decode;
 mod device;
 mod error;
+pub mod fields;
 mod geometry;
 mod layout;
+pub mod map;
+pub mod ops;
 mod order;
 mod pipeline;
 mod pool;

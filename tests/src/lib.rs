@@ -80,3 +80,18 @@ pub fn fake_shards(count: usize, records: usize) -> Vec<candle_wick::source::Sha
         })
         .collect()
 }
+
+/// A `u8` batch's images, flattened.
+pub fn pixels(b: &candle_wick::Batch) -> Vec<u8> {
+    b.images()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<u8>()
+        .unwrap()
+}
+
+/// A batch's class labels.
+pub fn labels(b: &candle_wick::Batch) -> Vec<u32> {
+    b.labels().unwrap().to_vec1::<u32>().unwrap()
+}

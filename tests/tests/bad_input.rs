@@ -78,8 +78,8 @@ fn skip_policy_counts_and_lists_bad_files_and_delivers_the_rest() {
     assert_eq!(epoch.len(), 4);
     for b in epoch {
         let b = b.unwrap();
-        assert_eq!(b.images.dims()[0], b.len());
-        assert_eq!(b.labels.dims(), [b.len()]);
+        assert_eq!(b.images().unwrap().dims()[0], b.len());
+        assert_eq!(b.labels().unwrap().dims(), [b.len()]);
         keys.extend(b.keys);
         skipped.extend(b.skipped.into_iter().map(|s| s.key));
     }
@@ -141,7 +141,7 @@ fn a_batch_of_only_bad_samples_is_yielded_empty_in_step() {
     assert_eq!(batches[0].len(), 4);
     assert!(batches[1].is_empty());
     assert_eq!(batches[1].skipped.len(), 4);
-    assert_eq!(batches[1].images.dims()[0], 0);
+    assert_eq!(batches[1].images().unwrap().dims()[0], 0);
 }
 
 #[test]
@@ -162,13 +162,14 @@ fn skipping_keeps_each_image_with_its_key() {
     let mut checked = 0;
     for b in loader.epoch(1).collect::<Vec<_>>() {
         let b = b.unwrap();
-        let pixels = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+        let pixels = tests::pixels(&b);
         for (j, (key, &index)) in b.keys.iter().zip(&b.indices).enumerate() {
             // The same sample transformed alone, on this thread.
             let bytes = std::fs::read(key).unwrap();
             let mut want = vec![0u8; slot];
             loader
                 .transform()
+                .expect("the built-in image map")
                 .apply(
                     key,
                     &bytes,

@@ -57,7 +57,7 @@ fn run_then(
         let before = reads.load(Ordering::Relaxed);
         for batch in l.epoch(epoch) {
             let batch = batch.unwrap();
-            let mut seen = batch.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            let mut seen = tests::pixels(&batch);
             // The keys too: a cache hit must name the sample as a read does
             // (`Counting` keeps `Source::key`'s default, not the path).
             seen.extend(batch.keys.join("\n").into_bytes());
@@ -211,7 +211,7 @@ fn damaged_run(
     for epoch in 0..3 {
         for batch in l.epoch(epoch) {
             let batch = batch.unwrap();
-            let px = batch.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            let px = tests::pixels(&batch);
             let skipped = batch.skipped.into_iter().map(|s| s.key).collect();
             out.push((px, batch.keys, skipped));
         }

@@ -81,8 +81,8 @@ fn host(t: &Tensor) -> Vec<u32> {
 /// The consumer's results for a batch, made on its stream: its op on the
 /// images and the labels plus one.
 fn produce(b: &candle_wick::Batch) -> (Tensor, Tensor) {
-    let labels = (b.labels.to_dtype(DType::F32).unwrap() + 1.0).unwrap();
-    (consume(&b.images), labels)
+    let labels = (b.labels().unwrap().to_dtype(DType::F32).unwrap() + 1.0).unwrap();
+    (consume(&b.images().unwrap()), labels)
 }
 
 /// A batch as the consumer saw it, read back to the host.
@@ -98,7 +98,7 @@ fn run(mut loader: Loader, work: impl Fn(&Device)) -> Vec<(Vec<u32>, Vec<u32>)> 
     let mut kept = Vec::new();
     for b in loader.epoch(1) {
         let b = b.unwrap();
-        let device = b.images.device().clone();
+        let device = b.images().unwrap().device().clone();
         kept.push(produce(&b));
         drop(b);
         work(&device);

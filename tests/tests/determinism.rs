@@ -22,8 +22,8 @@ fn run(root: &std::path::Path, workers: usize, prefetch: usize, epoch: u64) -> R
     assert_eq!(ep.len(), 6);
     ep.map(|b| {
         let b = b.unwrap();
-        let images = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
-        (images, b.labels.to_vec1::<u32>().unwrap(), b.keys)
+        let images = tests::pixels(&b);
+        (images, tests::labels(&b), b.keys)
     })
     .collect()
 }
@@ -67,7 +67,7 @@ fn unshuffled_loader_yields_source_order_and_epochs_repeat() {
         let mut indices = Vec::new();
         for b in loader.epoch(epoch) {
             let b = b.unwrap();
-            assert_eq!(b.images.dims(), [b.len(), 3, 16, 16]);
+            assert_eq!(b.images().unwrap().dims(), [b.len(), 3, 16, 16]);
             indices.extend(b.indices);
         }
         assert_eq!(indices, (0..15).collect::<Vec<_>>());
@@ -96,8 +96,8 @@ fn resuming_at_batch_k_gives_the_rest_of_the_epoch() {
         assert_eq!(a.index, b.index);
         assert_eq!(a.keys, b.keys);
         let (x, y) = (
-            a.images.flatten_all().unwrap(),
-            b.images.flatten_all().unwrap(),
+            a.images().unwrap().flatten_all().unwrap(),
+            b.images().unwrap().flatten_all().unwrap(),
         );
         assert_eq!(x.to_vec1::<f32>().unwrap(), y.to_vec1::<f32>().unwrap());
     }
@@ -121,7 +121,8 @@ fn seed_and_shuffle_commute() {
         l.epoch(0)
             .flat_map(|b| {
                 b.unwrap()
-                    .images
+                    .images()
+                    .unwrap()
                     .flatten_all()
                     .unwrap()
                     .to_vec1::<u8>()

@@ -22,10 +22,11 @@ fn epoch(root: &std::path::Path, at: NormalizeAt, float: FloatType) -> Vec<(Vec<
         .epoch(1)
         .map(|b| {
             let b = b.unwrap();
-            assert_eq!(b.images.dtype(), dtype);
-            assert_eq!(b.images.dims()[1], 3, "NCHW");
+            assert_eq!(b.images().unwrap().dtype(), dtype);
+            assert_eq!(b.images().unwrap().dims()[1], 3, "NCHW");
             let bits = b
-                .images
+                .images()
+                .unwrap()
                 .to_dtype(DType::F32)
                 .unwrap()
                 .flatten_all()
@@ -35,7 +36,7 @@ fn epoch(root: &std::path::Path, at: NormalizeAt, float: FloatType) -> Vec<(Vec<
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
-            (bits, b.labels.to_vec1::<u32>().unwrap())
+            (bits, tests::labels(&b))
         })
         .collect()
 }

@@ -22,7 +22,7 @@ fn labels_match_the_class_folder_of_each_key() {
     let mut n = 0;
     for b in loader.epoch(0) {
         let b = b.unwrap();
-        let labels = b.labels.to_vec1::<u32>().unwrap();
+        let labels = tests::labels(&b);
         for (key, label) in b.keys.iter().zip(labels) {
             let class = Path::new(key).parent().unwrap().file_name().unwrap();
             assert_eq!(class.to_str().unwrap(), classes[label as usize], "{key}");

@@ -92,7 +92,7 @@ fn chrome_trace_has_every_lane() {
             .filter(|e| e["name"] == name && e["ph"] == "X")
             .count()
     };
-    assert_eq!(count("read+decode+transform"), 8);
+    assert_eq!(count("read+map"), 8);
     assert_eq!(count("upload"), 2);
     assert_eq!(count("wait for batch"), 2);
     assert_eq!(count("train step"), 2);

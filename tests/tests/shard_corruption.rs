@@ -346,7 +346,7 @@ fn streaming_resume_across_a_damaged_record_matches_the_full_epoch() {
         .unwrap();
     type Seen = (Vec<u8>, Vec<String>, Vec<String>);
     let seen = |b: candle_wick::Batch| -> Seen {
-        let px = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+        let px = tests::pixels(&b);
         (px, b.keys, b.skipped.into_iter().map(|s| s.key).collect())
     };
     let full: Vec<Seen> = loader.epoch(1).map(|b| seen(b.unwrap())).collect();

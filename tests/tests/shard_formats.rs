@@ -152,7 +152,7 @@ fn loader_labels(src: impl Source, stream: bool) -> Vec<u32> {
     let mut loader = b.build().unwrap();
     let mut labels = Vec::new();
     for batch in loader.epoch(0) {
-        labels.extend(batch.unwrap().labels.to_vec1::<u32>().unwrap());
+        labels.extend(batch.unwrap().labels().unwrap().to_vec1::<u32>().unwrap());
     }
     labels
 }

@@ -46,8 +46,9 @@ fn run(
         .epoch_from(epoch, start)
         .map(|b| {
             let b = b.unwrap();
-            let px = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
-            (b.indices, b.labels.to_vec1::<u32>().unwrap(), px)
+            let px = tests::pixels(&b);
+            let labels = tests::labels(&b);
+            (b.indices, labels, px)
         })
         .collect();
     out

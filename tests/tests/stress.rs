@@ -66,7 +66,7 @@ fn build(salt: u64, workers: usize, prefetch: usize, in_flight: usize) -> Loader
 }
 
 fn seen(b: candle_wick::Batch) -> Seen {
-    let bytes = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    let bytes = tests::pixels(&b);
     let skipped = b.skipped.into_iter().map(|s| s.key).collect();
     (b.index, b.indices, bytes, skipped)
 }

@@ -118,9 +118,15 @@ fn f32_output_is_planar_and_normalized() {
         .build()
         .unwrap();
     let b = loader.epoch(0).next().unwrap().unwrap();
-    assert_eq!(b.images.dims(), [1, 3, 8, 8]);
-    assert_eq!(b.labels.to_vec1::<u32>().unwrap(), [4]);
-    let v = b.images.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(b.images().unwrap().dims(), [1, 3, 8, 8]);
+    assert_eq!(tests::labels(&b), [4]);
+    let v = b
+        .images()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     for c in 0..3 {
         for y in 0..8 {
             for x in 0..8 {

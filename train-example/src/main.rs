@@ -195,12 +195,12 @@ fn main() -> Res<()> {
             let batch = batch?;
             let t1 = Instant::now();
             wait += t1 - t0;
-            let logits = model.forward_t(&batch.images, true)?;
-            let loss = loss::cross_entropy(&logits, &batch.labels)?;
+            let logits = model.forward_t(batch.images()?, true)?;
+            let loss = loss::cross_entropy(&logits, batch.labels()?)?;
             opt.backward_step(&loss)?;
             // Reading the scalars waits for the device, so the step time is real.
             loss_sum += loss.to_scalar::<f32>()? as f64 * batch.len() as f64;
-            correct += count_correct(&logits, &batch.labels)?;
+            correct += count_correct(&logits, batch.labels()?)?;
             seen += batch.len() as u64;
             let t2 = Instant::now();
             compute += t2 - t1;
@@ -260,8 +260,8 @@ fn evaluate(model: &model::ResNet, loader: &mut Loader) -> Res<f64> {
     let (mut correct, mut seen) = (0u64, 0u64);
     for batch in loader.epoch(0) {
         let batch = batch?;
-        let logits = model.forward_t(&batch.images, false)?;
-        correct += count_correct(&logits, &batch.labels)?;
+        let logits = model.forward_t(batch.images()?, false)?;
+        correct += count_correct(&logits, batch.labels()?)?;
         seen += batch.len() as u64;
     }
     Ok(correct as f64 / seen.max(1) as f64)

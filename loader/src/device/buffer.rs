@@ -1,71 +1,98 @@
 //! Host batch buffers: what kind of memory a batch is filled in (ordinary
-//! heap memory, or page-locked memory the CUDA copy stream reads), decided
-//! here by the device, so the pool and the pipeline never ask.
+//! heap memory, one typed vector per field, or one page-locked region the
+//! CUDA copy stream reads), decided here by the device, so the pool and the
+//! pipeline never ask.
 
 use super::cuda::Pinned;
 use crate::error::Result;
-use crate::layout::{HostLayout, Slot};
+use crate::fields::{Element, FieldType, Schema};
+use candle_core::{Device, Shape, Tensor};
 
-/// The storage of one batch's images.
-#[derive(Debug)]
-pub(crate) enum HostBuf {
-    U8(Vec<u8>),
-    F32(Vec<f32>),
-    /// Page-locked memory for asynchronous copies to a CUDA device (an
-    /// uninhabited stub without the `cuda` feature).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    PinnedU8(Pinned<u8>),
-    /// As `PinnedU8`, for float output.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    PinnedF32(Pinned<f32>),
+/// One field's storage in a heap buffer: a `Vec<T>` of the field's element
+/// type, so on the CPU it becomes the tensor's storage without a copy.
+pub(crate) trait FieldVec: Send + Sync + std::fmt::Debug {
+    /// The elements as bytes, for the workers to write.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// The first `elems` elements as a tensor of `shape`, taking the vector.
+    fn into_tensor(self: Box<Self>, elems: usize, shape: Shape, device: &Device) -> Result<Tensor>;
+    /// The first `elems` elements copied into a tensor of `shape`.
+    fn copy_tensor(&self, elems: usize, shape: Shape, device: &Device) -> Result<Tensor>;
 }
 
-/// A buffer's elements, borrowed for writing.
-enum View<'a> {
-    U8(&'a mut [u8]),
-    F32(&'a mut [f32]),
+impl<T: Element> FieldVec for Vec<T> {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self.as_mut_slice())
+    }
+
+    fn into_tensor(
+        mut self: Box<Self>,
+        elems: usize,
+        shape: Shape,
+        device: &Device,
+    ) -> Result<Tensor> {
+        use super::On;
+        self.truncate(elems);
+        Tensor::from_vec(*self, shape, device).on("making a batch's tensors")
+    }
+
+    fn copy_tensor(&self, elems: usize, shape: Shape, device: &Device) -> Result<Tensor> {
+        use super::On;
+        Tensor::from_slice(&self[..elems.min(self.len())], shape, device)
+            .on("making a batch's tensors")
+    }
+}
+
+/// The storage of one batch: every field's region.
+#[derive(Debug)]
+pub(crate) enum HostBuf {
+    /// One vector per field, in schema order.
+    Heap(Vec<Box<dyn FieldVec>>),
+    /// Page-locked memory for asynchronous copies to a CUDA device, every
+    /// field's region at its packed offset (an uninhabited stub without
+    /// the `cuda` feature).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Pinned(Pinned),
 }
 
 impl HostBuf {
-    /// The elements; for a pinned buffer this first waits until the copy
-    /// that last read it has completed.
-    fn view(&mut self) -> Result<View<'_>> {
-        Ok(match self {
-            HostBuf::U8(v) => View::U8(v),
-            HostBuf::F32(v) => View::F32(v),
-            HostBuf::PinnedU8(p) => View::U8(p.as_mut_slice()?),
-            HostBuf::PinnedF32(p) => View::F32(p.as_mut_slice()?),
-        })
+    /// Every field's full region as bytes, in schema order; for a pinned
+    /// buffer this first waits until the copy that last read it has
+    /// completed.
+    pub(crate) fn regions(&mut self, schema: &Schema) -> Result<Vec<&mut [u8]>> {
+        match self {
+            HostBuf::Heap(v) => Ok(v.iter_mut().map(|f| f.bytes_mut()).collect()),
+            HostBuf::Pinned(p) => {
+                let mut rest = p.as_mut_slice()?;
+                let mut at = 0;
+                let mut out = Vec::with_capacity(schema.fields.len());
+                for f in &schema.fields {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(f.offset - at);
+                    let (region, tail) = tail.split_at_mut(f.sample_bytes * schema.batch);
+                    at = f.offset + region.len();
+                    out.push(region);
+                    rest = tail;
+                }
+                Ok(out)
+            }
+        }
     }
 
     /// Waits until the buffer may be written (a pinned buffer's last copy
     /// to the device has completed). Called by the feeder, so decode workers
     /// never block on the device.
     pub(crate) fn wait_writable(&mut self) -> Result<()> {
-        self.view().map(|_| ())
+        match self {
+            HostBuf::Heap(_) => Ok(()),
+            HostBuf::Pinned(p) => p.as_mut_slice().map(|_| ()),
+        }
     }
 
-    /// The first `n` slots, one per sample, for parallel filling.
-    pub(crate) fn slots(&mut self, n: usize, slot_len: usize) -> Result<Vec<Slot<'_>>> {
-        Ok(match self.view()? {
-            View::U8(v) => v[..n * slot_len]
-                .chunks_exact_mut(slot_len)
-                .map(Slot::U8)
-                .collect(),
-            View::F32(v) => v[..n * slot_len]
-                .chunks_exact_mut(slot_len)
-                .map(Slot::F32)
-                .collect(),
-        })
-    }
-
-    /// Moves slot `from` to slot `to` (`to < from`), closing a gap left by a
-    /// skipped sample.
-    pub(crate) fn move_slot(&mut self, from: usize, to: usize, slot_len: usize) -> Result<()> {
-        let src = from * slot_len..(from + 1) * slot_len;
-        match self.view()? {
-            View::U8(v) => v.copy_within(src, to * slot_len),
-            View::F32(v) => v.copy_within(src, to * slot_len),
+    /// Moves sample `from` to sample `to` (`to < from`) in every field,
+    /// closing a gap left by a skipped sample.
+    pub(crate) fn move_slot(&mut self, from: usize, to: usize, schema: &Schema) -> Result<()> {
+        for (region, f) in self.regions(schema)?.into_iter().zip(&schema.fields) {
+            let b = f.sample_bytes;
+            region.copy_within(from * b..(from + 1) * b, to * b);
         }
         Ok(())
     }
@@ -99,21 +126,36 @@ fn advise_huge_pages<T>(v: &mut [T]) {
     let _ = v;
 }
 
-/// A new zeroed buffer. Large zeroed allocations are fresh mappings whose
-/// pages are faulted in by the first write; asking for huge pages makes
-/// that 512x fewer faults, which matters on the CPU where every batch is
-/// a new buffer (it becomes the tensor).
-pub(crate) fn heap(output: HostLayout, elems: usize) -> HostBuf {
-    match output {
-        HostLayout::U8Nhwc => {
-            let mut v = vec![0u8; elems];
-            advise_huge_pages(&mut v);
-            HostBuf::U8(v)
-        }
-        HostLayout::F32Nchw { .. } => {
-            let mut v = vec![0f32; elems];
-            advise_huge_pages(&mut v);
-            HostBuf::F32(v)
-        }
+/// A zeroed vector of `len` elements of `dtype`. Large zeroed allocations
+/// are fresh mappings whose pages are faulted in by the first write; asking
+/// for huge pages makes that 512x fewer faults, which matters on the CPU
+/// where every batch is a new buffer (it becomes the tensor).
+fn zeroed(dtype: FieldType, len: usize) -> Box<dyn FieldVec> {
+    fn make<T: Element>(len: usize) -> Box<dyn FieldVec> {
+        let mut v = vec![T::zeroed(); len];
+        advise_huge_pages(&mut v);
+        Box::new(v)
     }
+    match dtype {
+        FieldType::U8 => make::<u8>(len),
+        FieldType::U32 => make::<u32>(len),
+        FieldType::I16 => make::<i16>(len),
+        FieldType::I32 => make::<i32>(len),
+        FieldType::I64 => make::<i64>(len),
+        FieldType::BF16 => make::<half::bf16>(len),
+        FieldType::F16 => make::<half::f16>(len),
+        FieldType::F32 => make::<f32>(len),
+        FieldType::F64 => make::<f64>(len),
+    }
+}
+
+/// A new zeroed heap buffer for a batch of `schema`.
+pub(crate) fn heap(schema: &Schema) -> HostBuf {
+    HostBuf::Heap(
+        schema
+            .fields
+            .iter()
+            .map(|f| zeroed(f.field.dtype, schema.batch * f.field.sample_elems()))
+            .collect(),
+    )
 }

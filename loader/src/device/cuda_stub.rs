@@ -3,18 +3,16 @@
 
 use crate::error::Result;
 use std::convert::Infallible;
-use std::marker::PhantomData;
 
 /// A page-locked buffer; none exists without the `cuda` feature.
 #[derive(Debug)]
-pub(crate) struct Pinned<T> {
+pub(crate) struct Pinned {
     never: Infallible,
-    _elems: PhantomData<T>,
 }
 
-impl<T> Pinned<T> {
+impl Pinned {
     /// Unreachable: no `Pinned` can be made.
-    pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+    pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         match self.never {}
     }
 }

@@ -53,11 +53,14 @@ pub(crate) mod normalize;
 pub(crate) mod ring;
 
 use crate::error::{Error, Result};
-use crate::layout::HostLayout;
+use crate::fields::Schema;
+#[cfg(test)]
+pub(crate) use buffer::heap as heap_buffer;
 pub(crate) use buffer::HostBuf;
 use candle_core::{Device, Shape, Tensor};
 pub(crate) use normalize::Finish;
 pub(crate) use ring::{Guard, Guards};
+use std::sync::Arc;
 
 /// A candle or driver result, told what the loader was doing: its error
 /// becomes [`Error::Device`] with the cause kept as its source.
@@ -107,11 +110,10 @@ impl Ready {
     }
 }
 
-/// Images and labels of a batch on its device, the host buffer when it can
-/// go back to the pool, and the batch's ready point.
+/// The fields of a batch on its device, in schema order, the host buffer
+/// when it can go back to the pool, and the batch's ready point.
 pub(crate) struct Uploaded {
-    pub(crate) images: Tensor,
-    pub(crate) labels: Tensor,
+    pub(crate) fields: Vec<Tensor>,
     pub(crate) reusable: Option<HostBuf>,
     pub(crate) ready: Ready,
 }
@@ -122,157 +124,134 @@ pub(crate) struct Uploaded {
 /// memory otherwise.
 pub(crate) fn buffers(
     device: &Device,
-    geo: Geometry,
+    schema: Arc<Schema>,
     guards: Guards,
 ) -> (crate::pool::Alloc<HostBuf>, bool) {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
         let dev = dev.clone();
-        let alloc =
-            move || cuda::pinned_buffer(&dev, geo.elems(), geo.batch, geo.host_output, guards);
+        let alloc = move || cuda::pinned_buffer(&dev, schema.packed_bytes, guards);
         return (Box::new(alloc), true);
     }
     let _ = (device, guards);
-    let (output, elems) = (geo.host_output, geo.elems());
-    (Box::new(move || Ok(buffer::heap(output, elems))), false)
+    (Box::new(move || Ok(buffer::heap(&schema))), false)
 }
 
-/// Per-loader upload state: the CUDA copy stream and ring, or nothing.
+/// Per-loader upload state: the CUDA copy stream and ring, or nothing;
+/// with the device step of the built-in image map's field.
 #[derive(Debug)]
-pub(crate) enum Uploader {
+pub(crate) struct Uploader {
+    kind: Kind,
+    /// The field [`Finish`] applies to (the built-in map's images).
+    finish_field: Option<usize>,
+}
+
+#[derive(Debug)]
+enum Kind {
     Plain(Finish),
     #[cfg(feature = "cuda")]
     Cuda(Box<cuda::CudaUploader>),
 }
 
-/// One batch's geometry: `batch` samples of `height x width`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Geometry {
-    pub(crate) batch: usize,
-    pub(crate) height: usize,
-    pub(crate) width: usize,
-    /// What the decode workers write.
-    pub(crate) host_output: HostLayout,
-}
-
-impl Geometry {
-    fn shape(&self, n: usize) -> Shape {
-        match self.host_output {
-            HostLayout::U8Nhwc => (n, self.height, self.width, 3).into(),
-            HostLayout::F32Nchw { .. } => (n, 3, self.height, self.width).into(),
-        }
-    }
-
-    /// Image elements of a full batch.
-    pub(crate) fn elems(&self) -> usize {
-        self.batch * self.height * self.width * 3
-    }
+/// The shape of `n` samples of field `f` of `schema`.
+fn field_shape(schema: &Schema, f: usize, n: usize) -> Shape {
+    let mut dims = Vec::with_capacity(1 + schema.fields[f].field.shape.len());
+    dims.push(n);
+    dims.extend_from_slice(&schema.fields[f].field.shape);
+    dims.into()
 }
 
 impl Uploader {
+    /// The uploader of `device` for batches of `schema`; `finish` applies
+    /// to field `finish_field`.
     pub(crate) fn new(
         device: &Device,
         finish: Finish,
-        geo: Geometry,
+        finish_field: Option<usize>,
+        schema: &Schema,
         guards: Guards,
     ) -> Result<Self> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
-            let elem = match geo.host_output {
-                HostLayout::U8Nhwc => 1,
-                HostLayout::F32Nchw { .. } => 4,
-            };
             let cuda_finish = match finish.normalize {
                 Some(op) => cuda::Finish::Normalize(op),
                 None => cuda::Finish::Copy {
                     dtype: finish.dtype,
                 },
             };
-            return Ok(Uploader::Cuda(Box::new(cuda::CudaUploader::new(
-                dev,
-                geo.elems() * elem,
-                geo.batch,
-                cuda_finish,
-                guards,
-            )?)));
+            let up = cuda::CudaUploader::new(dev, schema, (finish_field, cuda_finish), guards)?;
+            return Ok(Self {
+                kind: Kind::Cuda(Box::new(up)),
+                finish_field,
+            });
         }
-        let _ = (device, geo, guards);
-        Ok(Uploader::Plain(finish))
+        let _ = (device, schema, guards);
+        Ok(Self {
+            kind: Kind::Plain(finish),
+            finish_field,
+        })
     }
 
     /// Whether a delivered batch's `ready` wait and an undelivered one's
     /// host wait are in force.
     pub(crate) fn guards(&self) -> Guards {
-        match self {
-            Uploader::Plain(_) => Guards::default(),
+        match &self.kind {
+            Kind::Plain(_) => Guards::default(),
             #[cfg(feature = "cuda")]
-            Uploader::Cuda(up) => up.guards(),
+            Kind::Cuda(up) => up.guards(),
         }
     }
 
-    /// Makes the tensors of a batch of `labels.len()` samples.
+    /// Makes the tensors of a batch of `n` samples.
     pub(crate) fn upload(
         &self,
         device: &Device,
         buf: HostBuf,
-        labels: Vec<u32>,
-        geo: Geometry,
+        n: usize,
+        schema: &Schema,
     ) -> Result<Uploaded> {
-        let n = labels.len();
-        let shape = geo.shape(n);
-        let len = shape.elem_count();
-        match (self, buf) {
-            (Uploader::Plain(finish), buf) => {
-                let labels = Tensor::from_vec(labels, n, device).on("making a batch's tensors")?;
-                let (images, reusable) = match buf {
-                    HostBuf::U8(mut v) if device.is_cpu() => {
-                        v.truncate(len);
-                        (
-                            Tensor::from_vec(v, shape, device).on("making a batch's tensors")?,
-                            None,
-                        )
-                    }
-                    HostBuf::F32(mut v) if device.is_cpu() => {
-                        v.truncate(len);
-                        (
-                            Tensor::from_vec(v, shape, device).on("making a batch's tensors")?,
-                            None,
-                        )
-                    }
-                    HostBuf::U8(v) => (
-                        Tensor::from_slice(&v[..len], shape, device)
-                            .on("making a batch's tensors")?,
-                        Some(HostBuf::U8(v)),
-                    ),
-                    HostBuf::F32(v) => (
-                        Tensor::from_slice(&v[..len], shape, device)
-                            .on("making a batch's tensors")?,
-                        Some(HostBuf::F32(v)),
-                    ),
-                    HostBuf::PinnedU8(_) | HostBuf::PinnedF32(_) => {
-                        return Err(Error::InvalidConfig(
-                            "pinned buffers need the CUDA uploader".into(),
-                        ))
-                    }
-                };
+        match (&self.kind, buf) {
+            (Kind::Plain(finish), HostBuf::Heap(vecs)) => {
+                let cpu = device.is_cpu();
+                let mut fields = Vec::with_capacity(vecs.len());
+                let mut kept = Vec::new();
+                for (f, v) in vecs.into_iter().enumerate() {
+                    let shape = field_shape(schema, f, n);
+                    let elems = shape.elem_count();
+                    // The CPU tensor takes the vector; elsewhere it is
+                    // copied and the buffer goes back to the pool.
+                    let t = if cpu {
+                        v.into_tensor(elems, shape, device)?
+                    } else {
+                        let t = v.copy_tensor(elems, shape, device)?;
+                        kept.push(v);
+                        t
+                    };
+                    fields.push(if self.finish_field == Some(f) {
+                        finish.apply(t)?
+                    } else {
+                        t
+                    });
+                }
                 Ok(Uploaded {
-                    images: finish.apply(images)?,
-                    labels,
-                    reusable,
+                    fields,
+                    reusable: (!cpu).then_some(HostBuf::Heap(kept)),
                     ready: Ready::default(),
                 })
             }
+            (Kind::Plain(_), HostBuf::Pinned(_)) => Err(Error::InvalidConfig(
+                "pinned buffers need the CUDA uploader".into(),
+            )),
             #[cfg(feature = "cuda")]
-            (Uploader::Cuda(up), mut buf) => {
-                let (images, labels, event) = up.upload(&mut buf, &labels, shape)?;
+            (Kind::Cuda(up), mut buf) => {
+                let (fields, event) = up.upload(&mut buf, n, schema)?;
                 let Device::Cuda(dev) = device else {
                     return Err(Error::InvalidConfig(
                         "the CUDA uploader needs a CUDA device".into(),
                     ));
                 };
                 Ok(Uploaded {
-                    images,
-                    labels,
+                    fields,
                     reusable: Some(buf),
                     ready: Ready {
                         cuda: Some((event, dev.clone())),
@@ -285,10 +264,10 @@ impl Uploader {
     /// Device copy time and bytes of the copies completed since the last
     /// call (CUDA: measured with events on the copy stream).
     pub(crate) fn finished_copies(&self) -> Vec<(std::time::Duration, u64)> {
-        match self {
-            Uploader::Plain(_) => Vec::new(),
+        match &self.kind {
+            Kind::Plain(_) => Vec::new(),
             #[cfg(feature = "cuda")]
-            Uploader::Cuda(up) => up.finished_copies(),
+            Kind::Cuda(up) => up.finished_copies(),
         }
     }
 }

@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
 use crate::rng::{keyed_rng, Purpose};
-use crate::source::{Record, ShardInfo, Source};
+use crate::source::{Parts, Record, ShardInfo, Source};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -317,17 +317,23 @@ impl StreamPlanner {
         &self,
         epoch: u64,
         source: Arc<dyn Source>,
+        parts: Arc<Parts>,
     ) -> impl Iterator<Item = Streamed> + Send {
         let shards = self.shards.clone();
-        self.order_of(epoch, move |s| shard_stream(&source, &shards[s], s))
+        self.order_of(epoch, move |s| {
+            shard_stream(&source, &shards[s], s, parts.clone())
+        })
     }
 }
 
-/// Exactly `info.records` items of shard `s`, numbered with source indices.
+/// Exactly `info.records` items of shard `s`, numbered with source indices,
+/// with the named `parts` (a source's own shard reader gives what it
+/// stores).
 fn shard_stream(
     source: &Arc<dyn Source>,
     info: &ShardInfo,
     s: usize,
+    parts: Arc<Parts>,
 ) -> Box<dyn Iterator<Item = Streamed> + Send> {
     let range = info.first..info.first + info.records;
     let path = info.path.clone();
@@ -345,7 +351,7 @@ fn shard_stream(
         ),
         Ok(None) => {
             let source = source.clone();
-            Box::new(range.map(move |i| (i, source.read(i))))
+            Box::new(range.map(move |i| (i, source.read_parts(i, &parts, Vec::new()))))
         }
         Err(e) => {
             // Every record of the shard fails with the one cause.

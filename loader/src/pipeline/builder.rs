@@ -5,10 +5,12 @@ use super::fill::BadSamples;
 use super::loader::{Loader, Order};
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
-use crate::device::{Finish, Geometry, Guards};
+use crate::device::{Finish, Guards};
 use crate::error::{Error, Result};
+use crate::fields::Schema;
 use crate::geometry::Size;
-use crate::layout::{HostLayout, Output};
+use crate::layout::Output;
+use crate::map::{ImageClassification, Map};
 use crate::order::sampler::Sampler;
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
@@ -52,6 +54,9 @@ pub struct LoaderBuilder {
     pub(super) trace: bool,
     pub(super) cache: Option<(CacheMode, Option<PathBuf>)>,
     pub(super) guards: Guards,
+    pub(super) map: Option<Arc<dyn Map>>,
+    /// Which image settings were given (they configure the built-in map).
+    pub(super) image_settings: Vec<&'static str>,
 }
 
 impl LoaderBuilder {
@@ -78,6 +83,8 @@ impl LoaderBuilder {
             trace: false,
             cache: None,
             guards: Guards::default(),
+            map: None,
+            image_settings: Vec::new(),
         }
     }
 
@@ -220,12 +227,14 @@ impl LoaderBuilder {
     /// everywhere in wick). Default 224 x 224.
     pub fn image_size(mut self, size: impl Into<Size>) -> Self {
         self.size = size.into();
+        self.image_settings.push("image_size");
         self
     }
 
     /// torchvision's training augmentation: [`Transforms::train`](crate::Transforms::train).
     pub fn train_transforms(mut self) -> Self {
         self.transforms = TransformChoice::Train;
+        self.image_settings.push("train_transforms");
         self
     }
 
@@ -233,12 +242,14 @@ impl LoaderBuilder {
     /// [`Transforms::eval`](crate::Transforms::eval). This is the default.
     pub fn eval_transforms(mut self) -> Self {
         self.transforms = TransformChoice::Eval;
+        self.image_settings.push("eval_transforms");
         self
     }
 
     /// Any [`Transforms`](crate::Transforms).
     pub fn transforms(mut self, t: Transforms) -> Self {
         self.transforms = TransformChoice::Custom(t);
+        self.image_settings.push("transforms");
         self
     }
 
@@ -249,6 +260,7 @@ impl LoaderBuilder {
     /// 4x fewer bytes than f32) and on the host for the CPU.
     pub fn output(mut self, output: Output) -> Self {
         self.output = output;
+        self.image_settings.push("output");
         self
     }
 
@@ -279,6 +291,18 @@ impl LoaderBuilder {
     #[doc(hidden)]
     pub fn __without_guard(mut self, guard: crate::__test::Guard) -> Self {
         self.guards = Guards { skip: Some(guard) };
+        self
+    }
+
+    /// The per-sample function (a [`Map`], or a closure through
+    /// [`map_fn`](crate::map::map_fn)) in place of the built-in image
+    /// classification map: its fields become the batch's tensors, by name
+    /// ([`Batch::get`](crate::Batch::get)). The image settings
+    /// (`image_size`, the transforms, `output`) configure the built-in map
+    /// and are refused with a user map, and so is the cache (it keeps image
+    /// + class records only, for now).
+    pub fn map(mut self, map: impl Map) -> Self {
+        self.map = Some(Arc::new(map));
         self
     }
 
@@ -315,19 +339,43 @@ impl LoaderBuilder {
                 world_size,
             )?),
         };
-        let Size {
-            width: w,
-            height: h,
-        } = self.size;
-        let transforms = match self.transforms {
-            TransformChoice::Train => Transforms::train(),
-            TransformChoice::Eval => Transforms::eval(h.max(w)),
-            TransformChoice::Custom(t) => t,
-        };
-        let finish = Finish::new(self.output, &self.device)?;
-        let host_output = finish.host_layout();
         let seed = self.seed.or(self.shuffle).unwrap_or(0);
-        let transform = ImageTransform::new(transforms, host_output, self.size, seed)?;
+        let (map, transform, finish, finish_field): (Arc<dyn Map>, _, _, _) = match self.map {
+            None => {
+                let Size {
+                    width: w,
+                    height: h,
+                } = self.size;
+                let transforms = match self.transforms {
+                    TransformChoice::Train => Transforms::train(),
+                    TransformChoice::Eval => Transforms::eval(h.max(w)),
+                    TransformChoice::Custom(t) => t,
+                };
+                let finish = Finish::new(self.output, &self.device)?;
+                let host_output = finish.host_layout();
+                let transform = ImageTransform::new(transforms, host_output, self.size, seed)?;
+                let map = Arc::new(ImageClassification::new(transform.clone()));
+                (map, Some(transform), finish, Some(0))
+            }
+            Some(map) => {
+                if let Some(first) = self.image_settings.first() {
+                    return Err(Error::InvalidConfig(format!(
+                        "{first}(..) configures the built-in image map; a loader with a user \
+                         map writes the map's own fields"
+                    )));
+                }
+                if self.cache.is_some() {
+                    return Err(Error::InvalidConfig(
+                        "the cache keeps image + class records; it does not work with a user \
+                         map yet"
+                            .into(),
+                    ));
+                }
+                let finish = Finish::new(Output::U8Nhwc, &self.device)?;
+                (map, None, finish, None)
+            }
+        };
+        let schema = Arc::new(Schema::new(&map.fields(), self.batch_size)?);
         // Where AUTOTUNE starts each setting it owns.
         let start = |name: &str, s: Setting, auto_start: usize| match s {
             Setting::Fixed(0) => Err(Error::InvalidConfig(format!(
@@ -349,13 +397,7 @@ impl LoaderBuilder {
         } else {
             workers
         };
-        let elem = match host_output {
-            HostLayout::U8Nhwc => 1,
-            HostLayout::F32Nchw { .. } => 4,
-        };
-        // Pinned buffers hold the labels too.
-        let labels = if self.device.is_cuda() { 4 } else { 0 };
-        let batch_bytes = (self.batch_size * (transform.slot_len() * elem + labels)) as u64;
+        let batch_bytes = schema.batch_bytes() as u64;
         let budget = self.ram_budget.unwrap_or_else(default_budget);
         let knobs = Knobs {
             gate: Gate::new(workers),
@@ -368,17 +410,12 @@ impl LoaderBuilder {
         let counters = Counters::default();
         counters.set_workers(workers);
         counters.set_memory(knobs.budget.memory(in_flight, prefetch, workers, 0));
-        let geo = Geometry {
-            batch: self.batch_size,
-            height: h,
-            width: w,
-            host_output,
-        };
         let guards = self.guards;
-        let uploader = crate::device::Uploader::new(&self.device, finish, geo, guards)?;
+        let uploader =
+            crate::device::Uploader::new(&self.device, finish, finish_field, &schema, guards)?;
         // CUDA: page-locked buffers for the batches in flight now, more from
         // the same allocator as AUTOTUNE grows, none freed while it tunes.
-        let (alloc, keep) = crate::device::buffers(&self.device, geo, guards);
+        let (alloc, keep) = crate::device::buffers(&self.device, schema.clone(), guards);
         let shared = Arc::new(Shared {
             pool: Pool::new(in_flight, alloc, keep)?,
             tuner: Tuner::new(auto),
@@ -391,8 +428,11 @@ impl LoaderBuilder {
             uploader,
             room: Room::default(),
             source: self.source,
+            parts: Arc::new(map.parts()),
+            map,
+            schema,
+            seed,
             transform,
-            geo,
             counters,
             device: self.device,
             bad_samples: self.bad_samples,

@@ -4,6 +4,7 @@ use super::loader::Loader;
 use crate::cache::Cache;
 use crate::device::{Guard, Guards, Ready};
 use crate::error::{Error, Result};
+use crate::fields::Schema;
 use crate::stats::trace::LANE_CONSUMER;
 use crate::stats::Stats;
 use candle_core::Tensor;
@@ -21,17 +22,19 @@ pub struct Skipped {
     pub error: Error,
 }
 
-/// One batch, on the loader's device.
+/// One batch, on the loader's device: one tensor per field of the
+/// loader's map, `[n, ..field shape]`, by name ([`get`](Self::get)).
+///
+/// The built-in image map's fields are [`images`](Self::images) and
+/// [`labels`](Self::labels).
 #[derive(Debug)]
 pub struct Batch {
-    /// `u8 [n, h, w, 3]`, or floats `[n, 3, h, w]` (`f32`, `bf16` or `f16`), as the
-    /// loader's [`Output`](crate::Output) says.
-    pub images: Tensor,
-    /// `u32 [n]` class indices.
-    pub labels: Tensor,
-    /// The key of every image, in batch order.
+    /// The fields' tensors, in schema order.
+    pub(super) fields: Vec<Tensor>,
+    pub(super) schema: Arc<Schema>,
+    /// The key of every sample, in batch order.
     pub keys: Vec<String>,
-    /// The source index of every image, in batch order.
+    /// The source index of every sample, in batch order.
     pub indices: Vec<usize>,
     /// Position of the batch in this rank's epoch.
     pub index: usize,
@@ -52,7 +55,48 @@ impl Batch {
         self.ready.wait_on_current_stream()
     }
 
-    /// Number of images in the batch.
+    /// Field `name`'s tensor, or an error listing the batch's fields.
+    pub fn get(&self, name: &str) -> Result<&Tensor> {
+        self.schema
+            .index(name)
+            .map(|i| &self.fields[i])
+            .ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "the batch has no field {name:?}; its fields are {:?}",
+                    self.schema.names()
+                ))
+            })
+    }
+
+    /// The built-in image map's images: `u8 [n, h, w, 3]`, or floats
+    /// `[n, 3, h, w]` (`f32`, `bf16` or `f16`), as the loader's
+    /// [`Output`](crate::Output) says. An error under a map without an
+    /// `images` field.
+    pub fn images(&self) -> Result<&Tensor> {
+        self.get("images")
+    }
+
+    /// The built-in image map's `u32 [n]` class indices. An error under a
+    /// map without a `labels` field.
+    pub fn labels(&self) -> Result<&Tensor> {
+        self.get("labels")
+    }
+
+    /// The fields' names and tensors, in schema order.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.schema
+            .fields
+            .iter()
+            .map(|f| f.field.name.as_str())
+            .zip(&self.fields)
+    }
+
+    /// The fields' tensors, taken out of the batch, in schema order.
+    pub fn into_tensors(self) -> Vec<Tensor> {
+        self.fields
+    }
+
+    /// Number of samples in the batch.
     pub fn len(&self) -> usize {
         self.keys.len()
     }

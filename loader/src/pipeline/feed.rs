@@ -148,7 +148,7 @@ pub(super) fn feed(
                 break;
             }
             let n = plan.batches[index].len();
-            let table = match SlotTable::new(buf, n, shared.transform.slot_len()) {
+            let table = match SlotTable::new(buf, n, &shared.schema) {
                 Ok(table) => table,
                 Err(failed) => {
                     let (buf, e) = *failed;

@@ -8,7 +8,7 @@ use super::worker::process;
 use super::{panic_message, safe_key, Filled, HostBatch, Msg, Shared};
 use crate::device::HostBuf;
 use crate::error::{Error, Result};
-use crate::layout::Slot;
+use crate::fields::Schema;
 use crate::order::sampler::Plan;
 use crossbeam_channel::Sender;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,43 +35,41 @@ pub enum BadSamples {
 
 /// One sample's fate in a batch.
 pub(super) enum Outcome {
-    Ok { key: String, label: u32 },
+    Ok { key: String },
     Failed { key: String, error: Error },
     Cancelled,
 }
 
 /// A batch buffer being filled by several jobs at once, and the one owner
-/// of raw pointers into it: each sample's slot goes to exactly one claimant
-/// ([`claim`](Self::claim)), a slot's borrow ends before the claim is
-/// released, and the buffer comes back ([`take_buf`](Self::take_buf)) only
-/// once every slot has been released. So no two slices alias and none
-/// outlives the buffer, whatever the threads do.
+/// of raw pointers into it: each sample's slots (one per field) go to
+/// exactly one claimant ([`claim`](Self::claim)), a slot's borrow ends
+/// before the claim is released, and the buffer comes back
+/// ([`take_buf`](Self::take_buf)) only once every sample has been
+/// released. So no two slices alias and none outlives the buffer, whatever
+/// the threads do.
 pub(super) struct SlotTable {
     /// The buffer the slots point into, until taken.
     pub(super) buf: Mutex<Option<HostBuf>>,
-    pub(super) slots: Vec<RawSlot>,
-    /// The next slot to hand out.
+    /// `slots[j * fields + f]`: sample `j`'s bytes of field `f`.
+    pub(super) slots: Vec<(*mut u8, usize)>,
+    pub(super) fields: usize,
+    /// The next sample to hand out.
     pub(super) next: AtomicUsize,
-    /// Slots not yet released.
+    /// Samples not yet released.
     pub(super) left: AtomicUsize,
 }
 
-/// A pointer to one sample's slot (only a [`SlotTable`] holds them).
-pub(super) enum RawSlot {
-    U8(*mut u8, usize),
-    F32(*mut f32, usize),
-}
-
-// SAFETY: the pointers point into `buf`'s heap memory, which the table owns
-// and gives back only once every slot is released (`take_buf`), and `claim`
-// hands each slot to one claimant, whose slice borrow ends before its
-// release; sending or sharing the table so creates no shared mutable access.
+// SAFETY: the pointers point into `buf`'s memory, which the table owns and
+// gives back only once every sample is released (`take_buf`), and `claim`
+// hands each sample's slots to one claimant, whose slice borrows end before
+// its release; sending or sharing the table so creates no shared mutable
+// access.
 unsafe impl Send for SlotTable {}
 // SAFETY: as for `Send`: through `&SlotTable` a slot is reached only by its
 // one claimant.
 unsafe impl Sync for SlotTable {}
 
-/// Slot [`index`](Self::index) of a [`SlotTable`], this claimant's alone
+/// Sample [`index`](Self::index) of a [`SlotTable`], this claimant's alone
 /// until [`release`](Self::release)d. A claim dropped unreleased keeps its
 /// buffer from being taken back (the batch never completes): the loader
 /// catches every panic inside a claim, so it always releases.
@@ -81,45 +79,49 @@ pub(super) struct Claimed<'a> {
 }
 
 impl SlotTable {
-    /// The first `n` slots of `slot_len` elements of `buf`; the buffer
-    /// back with the error if they cannot be had (boxed: a rare path, and
-    /// a pinned buffer is large).
+    /// The slots of the first `n` samples of `buf`, laid out by `schema`;
+    /// the buffer back with the error if they cannot be had (boxed: a rare
+    /// path, and a pinned buffer is large).
     pub(super) fn new(
         mut buf: HostBuf,
         n: usize,
-        slot_len: usize,
+        schema: &Schema,
     ) -> Result<Self, Box<(HostBuf, Error)>> {
-        let slots = match buf.slots(n, slot_len) {
-            Ok(slots) => slots
-                .into_iter()
-                .map(|slot| match slot {
-                    Slot::U8(s) => RawSlot::U8(s.as_mut_ptr(), s.len()),
-                    Slot::F32(s) => RawSlot::F32(s.as_mut_ptr(), s.len()),
-                })
-                .collect(),
+        let fields = schema.fields.len();
+        let mut slots = vec![(std::ptr::null_mut(), 0); n * fields];
+        match buf.regions(schema) {
+            Ok(regions) => {
+                for (f, (region, layout)) in regions.into_iter().zip(&schema.fields).enumerate() {
+                    let b = layout.sample_bytes;
+                    for (j, slot) in region[..n * b].chunks_exact_mut(b).enumerate() {
+                        slots[j * fields + f] = (slot.as_mut_ptr(), slot.len());
+                    }
+                }
+            }
             Err(e) => return Err(Box::new((buf, e))),
-        };
+        }
         // The slots point into the buffer's heap memory, which moving the
         // `HostBuf` value into the mutex does not move.
         Ok(Self {
             buf: Mutex::new(Some(buf)),
             slots,
+            fields,
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
         })
     }
 
     fn len(&self) -> usize {
-        self.slots.len()
+        self.slots.len() / self.fields.max(1)
     }
 
-    /// The next slot nobody has claimed, in order; `None` once all are.
+    /// The next sample nobody has claimed, in order; `None` once all are.
     fn claim(&self) -> Option<Claimed<'_>> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        (index < self.slots.len()).then_some(Claimed { table: self, index })
+        (index < self.len()).then_some(Claimed { table: self, index })
     }
 
-    /// The buffer, once every slot has been released (`None` before, and
+    /// The buffer, once every sample has been released (`None` before, and
     /// after it was taken).
     fn take_buf(&self) -> Option<HostBuf> {
         // Acquire: pairs with each release's AcqRel, so every slot's writes
@@ -132,31 +134,34 @@ impl SlotTable {
 }
 
 impl Claimed<'_> {
-    /// Which slot (the sample's position in the batch).
+    /// Which sample (its position in the batch).
     fn index(&self) -> usize {
         self.index
     }
 
-    /// The slot to write; borrowed from the claim, so it ends before the
-    /// claim is released.
-    fn slot(&mut self) -> Slot<'_> {
-        // SAFETY: `claim` handed `index` to this claim only (`next` gives
-        // each index once), so no other slice of this slot exists; the
-        // buffer is alive and unmoved in `table.buf`, since `take_buf` gives
-        // it out only once `left` is 0, which needs this claim's release,
-        // and the slice's borrow of `self` ends before `release` can run.
-        unsafe {
-            match self.table.slots[self.index] {
-                RawSlot::U8(p, n) => Slot::U8(std::slice::from_raw_parts_mut(p, n)),
-                RawSlot::F32(p, n) => Slot::F32(std::slice::from_raw_parts_mut(p, n)),
-            }
-        }
+    /// The sample's slot of every field, in schema order; borrowed from the
+    /// claim, so they end before the claim is released.
+    pub(super) fn slots(&mut self) -> impl Iterator<Item = &mut [u8]> + '_ {
+        let t = self.table;
+        t.slots[self.index * t.fields..(self.index + 1) * t.fields]
+            .iter()
+            .map(|&(p, n)| {
+                // SAFETY: `claim` handed this sample to this claim only
+                // (`next` gives each index once), and its slots are disjoint
+                // ranges of the buffer (one per field), so no other slice
+                // of them exists while `&mut self` is borrowed; the buffer
+                // is alive and unmoved in `table.buf`, since `take_buf`
+                // gives it out only once `left` is 0, which needs this
+                // claim's release, and these borrows of `self` end before
+                // `release` can run.
+                unsafe { std::slice::from_raw_parts_mut(p, n) }
+            })
     }
 
-    /// Gives the slot back; `true` for the last one, after which
+    /// Gives the sample back; `true` for the last one, after which
     /// [`SlotTable::take_buf`] returns the buffer.
     fn release(self) -> bool {
-        // AcqRel: this slot's writes happen before the last release's
+        // AcqRel: this sample's writes happen before the last release's
         // reader takes the buffer.
         self.table.left.fetch_sub(1, Ordering::AcqRel) == 1
     }
@@ -230,8 +235,14 @@ impl Filling {
             // unwind out of a rayon job would abort the process: the pool
             // has no panic handler).
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                let slot = claim.slot();
-                process(shared, self.epoch, indices[j], slot, &self.cancel, pre)
+                process(
+                    shared,
+                    self.epoch,
+                    indices[j],
+                    &mut claim,
+                    &self.cancel,
+                    pre,
+                )
             }))
             .unwrap_or_else(|payload| Outcome::Failed {
                 key: safe_key(shared, indices[j]),
@@ -269,7 +280,6 @@ impl Filling {
     fn finish(&self) -> Filled {
         let (shared, index) = (&*self.shared, self.index);
         let indices = self.indices();
-        let slot_len = shared.transform.slot_len();
         let buf = self
             .table
             .take_buf()
@@ -283,17 +293,16 @@ impl Filling {
         }
         let mut batch = HostBatch {
             buf,
-            labels: Vec::with_capacity(indices.len()),
             keys: Vec::with_capacity(indices.len()),
             indices: Vec::with_capacity(indices.len()),
             skipped: Vec::new(),
         };
         for (slot, (outcome, &source_index)) in self.outcomes.iter().zip(indices).enumerate() {
             match crate::lock(outcome).take().unwrap_or(Outcome::Cancelled) {
-                Outcome::Ok { key, label } => {
+                Outcome::Ok { key } => {
                     let kept = batch.keys.len();
                     if kept != slot {
-                        if let Err(e) = batch.buf.move_slot(slot, kept, slot_len) {
+                        if let Err(e) = batch.buf.move_slot(slot, kept, &shared.schema) {
                             shared.pool.release(Some(batch.buf));
                             return Filled {
                                 index,
@@ -302,7 +311,6 @@ impl Filling {
                         }
                     }
                     batch.keys.push(key);
-                    batch.labels.push(label);
                     batch.indices.push(source_index);
                 }
                 Outcome::Failed { key, error } => match shared.bad_samples {
@@ -340,13 +348,22 @@ impl Filling {
 mod tests {
     use super::*;
 
-    /// Three threads fill a table: each slot goes to one of them, the
-    /// buffer comes back only after the last release (to the one thread
-    /// told it was last), with every slot's writes in it.
+    /// Three threads fill a table of two fields: each sample goes to one
+    /// of them, the buffer comes back only after the last release (to the
+    /// one thread told it was last), with every slot's writes in it.
     #[test]
     fn a_slot_table_hands_each_slot_out_once_and_the_buffer_back_last() {
+        use crate::fields::{Field, FieldType};
+        let schema = Schema::new(
+            &[
+                Field::new("a", FieldType::U8, &[3]),
+                Field::new("b", FieldType::U32, &[]),
+            ],
+            8,
+        )
+        .unwrap();
         for round in 0..50 {
-            let table = SlotTable::new(HostBuf::U8(vec![0; 8 * 3]), 8, 3).unwrap();
+            let table = SlotTable::new(crate::device::heap_buffer(&schema), 8, &schema).unwrap();
             let go = std::sync::Barrier::new(3);
             let lasts = AtomicUsize::new(0);
             std::thread::scope(|s| {
@@ -355,9 +372,12 @@ mod tests {
                         go.wait();
                         while let Some(mut claim) = table.claim() {
                             let j = claim.index();
-                            match claim.slot() {
-                                Slot::U8(px) => px.fill(j as u8 + 1),
-                                Slot::F32(_) => unreachable!(),
+                            {
+                                let mut slots = claim.slots();
+                                slots.next().unwrap().fill(j as u8 + 1);
+                                let b = slots.next().unwrap();
+                                b.copy_from_slice(&(100 + j as u32).to_ne_bytes());
+                                assert!(slots.next().is_none());
                             }
                             assert!(table.take_buf().is_none(), "a claim is still held");
                             if claim.release() {
@@ -368,11 +388,15 @@ mod tests {
                 }
             });
             assert_eq!(lasts.load(Ordering::Relaxed), 1, "round {round}");
-            let Some(HostBuf::U8(px)) = table.take_buf() else {
+            let Some(mut buf) = table.take_buf() else {
                 panic!("round {round}: the buffer comes back once every slot is released")
             };
+            let regions = buf.regions(&schema).unwrap();
             let want: Vec<u8> = (1..=8).flat_map(|j| [j; 3]).collect();
-            assert_eq!(px, want, "round {round}");
+            assert_eq!(regions[0], &want[..], "round {round}");
+            let want: Vec<u8> = (0..8u32).flat_map(|j| (100 + j).to_ne_bytes()).collect();
+            assert_eq!(regions[1], &want[..], "round {round}");
+            drop(regions);
             assert!(table.take_buf().is_none(), "taken once");
         }
     }

@@ -69,7 +69,7 @@ impl Loader {
     ///     .build()?;
     /// for batch in loader.epoch(0) {
     ///     let batch = batch?;
-    ///     println!("{:?} {:?}", batch.images.shape(), batch.labels.shape());
+    ///     println!("{:?} {:?}", batch.images()?.shape(), batch.labels()?.shape());
     /// }
     /// # Ok(()) }
     /// ```
@@ -159,9 +159,11 @@ impl Loader {
         let plan = self.order.plan(epoch);
         let total = plan.batches.len();
         let stream = match &self.order {
-            Order::Stream(s) => Some(RecordIter(Box::new(
-                s.records(epoch, self.shared.source.clone()),
-            ))),
+            Order::Stream(s) => Some(RecordIter(Box::new(s.records(
+                epoch,
+                self.shared.source.clone(),
+                self.shared.parts.clone(),
+            )))),
             Order::Sampled(_) => None,
         };
         let start = start.min(total);
@@ -207,14 +209,16 @@ impl Loader {
     pub fn fingerprint(&self) -> u32 {
         let s = &self.shared;
         let mut text = format!(
-            "wick-plan-v1 len {} batches {} geo {}x{}x{} seed {}",
+            "wick-plan-v2 len {} batches {} batch {} seed {}",
             s.source.len(),
             self.len(),
-            s.geo.batch,
-            s.geo.height,
-            s.geo.width,
-            s.transform.seed()
+            s.schema.batch,
+            s.seed
         );
+        for f in &s.schema.fields {
+            let f = &f.field;
+            text.push_str(&format!(" field {} {:?} {:?}", f.name, f.dtype, f.shape));
+        }
         for shard in s.source.shards() {
             let name = shard.path.file_name().unwrap_or(shard.path.as_os_str());
             text.push_str(&format!(
@@ -249,11 +253,11 @@ impl Loader {
         self.order.plan(epoch).batch_indices()
     }
 
-    /// The per-sample function the workers run (for benchmarks; not part
-    /// of the API).
+    /// The built-in image map's transform (for benchmarks; not part of the
+    /// API); `None` under a user map.
     #[doc(hidden)]
-    pub fn transform(&self) -> &ImageTransform {
-        &self.shared.transform
+    pub fn transform(&self) -> Option<&ImageTransform> {
+        self.shared.transform.as_ref()
     }
 
     /// Decode workers active now (AUTOTUNE may change it between batches).

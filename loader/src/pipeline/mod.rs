@@ -59,10 +59,12 @@ pub use loader::Loader;
 
 use crate::cache::Cache;
 use crate::device::HostBuf;
-use crate::device::{Geometry, Uploader};
+use crate::device::Uploader;
 use crate::error::{Error, Result};
+use crate::fields::Schema;
+use crate::map::Map;
 use crate::pool::Pool;
-use crate::source::Source;
+use crate::source::{Parts, Source};
 use crate::stats::trace::Trace;
 use crate::stats::Counters;
 use crate::transform::ImageTransform;
@@ -82,12 +84,19 @@ struct Shared {
     tuner: Tuner,
     trace: Option<Arc<Trace>>,
     cache: Option<Cache>,
-    transform: ImageTransform,
+    /// The per-sample function and the fields it writes.
+    map: Arc<dyn Map>,
+    schema: Arc<Schema>,
+    /// The record parts the map reads.
+    parts: Arc<Parts>,
+    /// The seed of the samples' random streams.
+    seed: u64,
+    /// The built-in image map's transform (`None` under a user map).
+    transform: Option<ImageTransform>,
     pool: Pool<HostBuf>,
     counters: Counters,
     device: Device,
     bad_samples: BadSamples,
-    geo: Geometry,
     uploader: Uploader,
     /// Signalled when the prefetch queue may have room for the uploader.
     room: Room,
@@ -136,7 +145,6 @@ impl Room {
 #[derive(Debug)]
 struct HostBatch {
     buf: HostBuf,
-    labels: Vec<u32>,
     keys: Vec<String>,
     indices: Vec<usize>,
     skipped: Vec<Skipped>,

@@ -119,9 +119,11 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
                 let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
                 // A panic in the device step (candle's ops) is this batch's
                 // error, not the end of the upload thread and the loader.
-                let (buf, labels, geo) = (host.buf, host.labels, shared.geo);
+                let (buf, n) = (host.buf, host.keys.len());
                 let uploaded = caught(format!("batch {index} (upload)"), || {
-                    shared.uploader.upload(&shared.device, buf, labels, geo)
+                    shared
+                        .uploader
+                        .upload(&shared.device, buf, n, &shared.schema)
                 });
                 match uploaded {
                     Ok(up) => {
@@ -132,8 +134,8 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
                         }
                         Ok(Pending {
                             batch: Some(Batch {
-                                images: up.images,
-                                labels: up.labels,
+                                fields: up.fields,
+                                schema: shared.schema.clone(),
                                 keys: host.keys,
                                 indices: host.indices,
                                 index,
@@ -173,7 +175,6 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::HostBuf;
     use crate::layout::Output;
     use crate::pipeline::{Filled, Loader};
     use crate::source::{MemorySource, Record};
@@ -222,20 +223,18 @@ mod tests {
             std::thread::spawn(move || upload_loop(&shared, &rx, &acks))
         };
         let never = AtomicBool::new(false);
-        let slot = 2 * shared.transform.slot_len();
-        // Batch `index` of a generation, its bytes all `tag`.
+        // Batch `index` of a generation, its images' bytes all `tag`, its
+        // labels `tag`.
         let done = |gen: u64, index: usize, tag: u8| {
             let mut buf = shared.pool.acquire(&never).unwrap().unwrap();
-            match &mut buf {
-                HostBuf::U8(v) => {
-                    v.clear();
-                    v.resize(slot, tag);
-                }
-                _ => unreachable!("a CPU loader with U8 output"),
+            let mut regions = buf.regions(&shared.schema).unwrap();
+            regions[0].fill(tag);
+            for l in regions[1].chunks_exact_mut(4) {
+                l.copy_from_slice(&u32::from(tag).to_ne_bytes());
             }
+            drop(regions);
             let host = HostBatch {
                 buf,
-                labels: vec![tag as u32; 2],
                 keys: vec![format!("k{index}"); 2],
                 indices: vec![2 * index, 2 * index + 1],
                 skipped: Vec::new(),
@@ -258,9 +257,11 @@ mod tests {
             rx.iter()
                 .map(|p| {
                     let b = p.unwrap().take();
-                    let px = b.images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                    let images = b.images().unwrap();
+                    let px = images.flatten_all().unwrap().to_vec1::<u8>().unwrap();
                     assert!(px.iter().all(|&x| x == px[0]), "batch {} torn", b.index);
-                    assert_eq!(b.labels.to_vec1::<u32>().unwrap(), [px[0] as u32; 2]);
+                    let labels = b.labels().unwrap().to_vec1::<u32>().unwrap();
+                    assert_eq!(labels, [px[0] as u32; 2]);
                     (b.index, px[0])
                 })
                 .collect()

@@ -1,12 +1,13 @@
-//! One sample on a decode worker: read (or a cache hit), decode and
-//! transform straight into its slot, and the cache fill of a first read.
+//! One sample on a decode worker: read (or a cache hit), run the map
+//! straight into the sample's slots, pad its padded fields, and the cache
+//! fill of a first read.
 
 use super::feed::PreRead;
-use super::fill::Outcome;
+use super::fill::{Claimed, Outcome};
 use super::{panic_message, safe_key, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
-use crate::layout::Slot;
+use crate::map::{pad_fields, Sample};
 use crate::source::Record;
 use crate::stats::trace::LANE_DECODE;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -54,12 +55,13 @@ pub(super) fn fill_cache(
     Ok(record)
 }
 
-/// Reads, decodes and transforms sample `index` into `slot`.
+/// Reads sample `index` and runs the loader's map on it, into the
+/// claimed sample's slots.
 pub(super) fn process(
     shared: &Shared,
     epoch: u64,
     index: usize,
-    slot: Slot<'_>,
+    claim: &mut Claimed<'_>,
     cancel: &AtomicBool,
     pre: PreRead,
 ) -> Outcome {
@@ -74,7 +76,7 @@ pub(super) fn process(
     // Taken after the gate, so the scratch held is the active workers'.
     let mut scratch = shared.knobs.budget.scratch.take(shared.knobs.gate.limit());
     let start = Instant::now();
-    let run = || -> Result<(String, u32), (Option<String>, Error)> {
+    let run = || -> Result<String, (Option<String>, Error)> {
         let t0 = Instant::now();
         // A cache entry that cannot be read back is a miss: the source
         // gives what an uncached run reads (and the error is counted).
@@ -94,39 +96,46 @@ pub(super) fn process(
             (None, Some((record, read))) => (record, read),
             (None, None) => {
                 let bytes = scratch.take_read_buffer();
-                (shared.source.read_reusing(index, bytes), t0.elapsed())
+                let parts = &shared.parts;
+                (shared.source.read_parts(index, parts, bytes), t0.elapsed())
             }
         };
         let mut record = record.map_err(|e| (None, e))?;
         if let (Some(cache), false) = (&shared.cache, hit) {
             record = fill_cache(shared, cache, index, record).map_err(|(k, e)| (Some(k), e))?;
         }
-        let tr = &shared.transform;
-        let times = match record.rgb_size {
-            None => tr.apply_with(&mut scratch, &record.key, &record.bytes, epoch, index, slot),
-            Some(wh) => {
-                let t = Instant::now();
-                let s = &mut scratch;
-                tr.apply_decoded_with(s, &record.key, &record.bytes, wh, epoch, index, slot)
-                    .map(|()| crate::stats::SampleTimes {
-                        decode: Duration::ZERO,
-                        transform: t.elapsed(),
-                        decoded_bytes: record.bytes.len() as u64,
-                    })
-            }
+        let schema = &shared.schema;
+        let t1 = Instant::now();
+        let (lens, times) = {
+            let id = (shared.seed, epoch, index);
+            let slots = claim.slots();
+            let mut sample = Sample::new(&record, id, &schema.fields, slots, &mut scratch);
+            let mapped = shared.map.map(&mut sample);
+            let left = sample.finish();
+            mapped.map_err(|e| (Some(record.key.clone()), e))?;
+            left
+        };
+        if schema.padded {
+            let mut slots: Vec<&mut [u8]> = claim.slots().collect();
+            pad_fields(&record.key, &schema.fields, &lens, &mut slots)
+                .map_err(|e| (Some(record.key.clone()), e))?;
         }
-        .map_err(|e| (Some(record.key.clone()), e))?;
+        let times = times.unwrap_or_else(|| crate::stats::SampleTimes {
+            decode: Duration::ZERO,
+            transform: t1.elapsed(),
+            decoded_bytes: 0,
+        });
         shared.counters.sample(read, &times);
         scratch.recycle_read_buffer(record.bytes);
-        Ok((record.key, record.label))
+        Ok(record.key)
     };
     let result = catch_unwind(AssertUnwindSafe(run));
     if let Some(trace) = &shared.trace {
         let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
-        trace.record("read+decode+transform", lane, start, Instant::now());
+        trace.record("read+map", lane, start, Instant::now());
     }
     match result {
-        Ok(Ok((key, label))) => Outcome::Ok { key, label },
+        Ok(Ok(key)) => Outcome::Ok { key },
         Ok(Err((key, error))) => Outcome::Failed {
             key: key.unwrap_or_else(|| safe_key(shared, index)),
             error,

@@ -25,8 +25,10 @@ use crate::error::{Error, Result};
 use crate::geometry::Size;
 use std::path::{Path, PathBuf};
 
-/// One sample as a source stores it: a key, the encoded bytes and a label.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One sample as a source stores it: a key, the encoded image and its
+/// class (the common case), and any other named parts the loader's map
+/// asked for ([`Source::read_parts`]).
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Record {
     /// A name for the sample that a user can find it by: the file's path for
@@ -40,6 +42,53 @@ pub struct Record {
     /// row-major (pre-resized safetensors shards); `None` for an encoded
     /// image.
     pub rgb_size: Option<Size>,
+    /// Named parts, as the format stores them: WebDataset members by
+    /// extension (`seg.png`, `json`, ...), `tf.train.Example` features by
+    /// name, file-list columns by header, token windows as `tokens`.
+    pub parts: Vec<(String, Value)>,
+}
+
+/// The value of one named part of a [`Record`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Value {
+    /// Bytes as stored: an encoded member or file, a single bytes feature.
+    Bytes(Vec<u8>),
+    /// Text: a file-list column, a UTF-8 member.
+    Text(String),
+    /// A list of byte strings (a `bytes_list` feature of several values).
+    BytesList(Vec<Vec<u8>>),
+    /// 64-bit integers (an `int64_list` feature).
+    Int64(Vec<i64>),
+    /// 32-bit floats (a `float_list` feature).
+    Float(Vec<f32>),
+    /// Tokens (a window of a token file).
+    Tokens(Vec<u32>),
+}
+
+/// Which parts of a record a loader's map reads
+/// ([`Map::parts`](crate::map::Map::parts)); sources read only those.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Parts {
+    /// The image and class only (the built-in image map).
+    #[default]
+    Default,
+    /// The image and class, and these named parts.
+    Named(Vec<String>),
+    /// Every part the format stores.
+    All,
+}
+
+impl Parts {
+    /// Whether the part `name` is asked for.
+    pub fn wants(&self, name: &str) -> bool {
+        match self {
+            Parts::Default => false,
+            Parts::Named(names) => names.iter().any(|n| n == name),
+            Parts::All => true,
+        }
+    }
 }
 
 impl Record {
@@ -50,6 +99,7 @@ impl Record {
             bytes,
             label,
             rgb_size: None,
+            parts: Vec::new(),
         }
     }
 
@@ -58,6 +108,61 @@ impl Record {
         Self {
             rgb_size: Some(size),
             ..Self::encoded(key, pixels, label)
+        }
+    }
+
+    /// This record with part `name` set to `value` (replacing one of the
+    /// same name).
+    pub fn with_part(mut self, name: impl Into<String>, value: Value) -> Self {
+        let name = name.into();
+        self.parts.retain(|(n, _)| *n != name);
+        self.parts.push((name, value));
+        self
+    }
+
+    /// Part `name`, if the record has it.
+    pub fn part(&self, name: &str) -> Option<&Value> {
+        self.parts.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// Part `name`, or an error naming the record, the part and the parts
+    /// it has.
+    pub fn require(&self, name: &str) -> Result<&Value> {
+        self.part(name).ok_or_else(|| {
+            let have: Vec<&str> = self.parts.iter().map(|(n, _)| n.as_str()).collect();
+            Error::Transform {
+                key: self.key.clone(),
+                reason: format!("the record has no part {name:?} (it has {have:?})"),
+                source: None,
+            }
+        })
+    }
+
+    /// The bytes of part `name` ([`Value::Bytes`] or [`Value::Text`]), or
+    /// an error naming the record and the part.
+    pub fn part_bytes(&self, name: &str) -> Result<&[u8]> {
+        match self.require(name)? {
+            Value::Bytes(b) => Ok(b),
+            Value::Text(t) => Ok(t.as_bytes()),
+            other => Err(Error::Transform {
+                key: self.key.clone(),
+                reason: format!("part {name:?} is {}, not bytes", other.kind()),
+                source: None,
+            }),
+        }
+    }
+}
+
+impl Value {
+    /// What kind of value this is, for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Bytes(_) => "bytes",
+            Value::Text(_) => "text",
+            Value::BytesList(_) => "a bytes list",
+            Value::Int64(_) => "an int64 list",
+            Value::Float(_) => "a float list",
+            Value::Tokens(_) => "tokens",
         }
     }
 }
@@ -91,6 +196,15 @@ pub trait Source: Send + Sync + 'static {
     fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
         drop(bytes);
         self.read(index)
+    }
+
+    /// [`read_reusing`](Self::read_reusing), with the named parts `parts`
+    /// asks for as well ([`Record::parts`]). The default ignores `parts`:
+    /// a source that stores no named parts gives image + class records,
+    /// and a map asking for a part gets an error naming it.
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let _ = parts;
+        self.read_reusing(index, bytes)
     }
 
     /// The key of sample `index` without reading its bytes, used to name a
@@ -136,6 +250,9 @@ macro_rules! forward_source {
             }
             fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
                 (**self).read_reusing(index, bytes)
+            }
+            fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+                (**self).read_parts(index, parts, bytes)
             }
             fn key(&self, index: usize) -> String {
                 (**self).key(index)

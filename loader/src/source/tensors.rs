@@ -234,6 +234,7 @@ impl Source for SafetensorsShards {
                     bytes: shard.map[at..at + size].to_vec(),
                     label,
                     rgb_size: Some(Size::new(*width, *height)),
+                    parts: Vec::new(),
                 }
             }
             HostLayout::Encoded { start, bounds } => {

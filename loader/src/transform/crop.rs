@@ -10,36 +10,14 @@ use rand::Rng;
 impl ImageTransform {
     /// The crop window and flip for an `iw x ih` image.
     pub(super) fn params(&self, iw: usize, ih: usize, epoch: u64, index: usize) -> (Crop, bool) {
-        let (w, h) = (iw as f64, ih as f64);
         match self.transforms {
-            Transforms::ResizeCenterCrop { resize } => {
-                // torchvision: shorter side -> resize, longer side truncated.
-                let (nw, nh) = if iw <= ih {
-                    (resize, (resize as f64 * h / w) as usize)
-                } else {
-                    ((resize as f64 * w / h) as usize, resize)
-                };
-                let (nw, nh) = (nw.max(self.width), nh.max(self.height));
-                // Python's `round`, as torchvision's `center_crop`: ties go
-                // to even (an odd margin of 117 starts the crop at 58).
-                let left = ((nw - self.width) as f64 / 2.0).round_ties_even();
-                let top = ((nh - self.height) as f64 / 2.0).round_ties_even();
-                let (sx, sy) = (w / nw as f64, h / nh as f64);
-                // `min`: rounding must not push the window past the edge
-                // (20x18 -> 13x12, crop 12: 1.538 + 18.46 > 20 by an ulp).
-                let crop = Crop {
-                    left: left * sx,
-                    top: top * sy,
-                    width: (self.width as f64 * sx).min(w - left * sx),
-                    height: (self.height as f64 * sy).min(h - top * sy),
-                };
-                (crop, false)
-            }
+            Transforms::ResizeCenterCrop { resize } => (
+                center_crop(iw, ih, resize, (self.width, self.height)),
+                false,
+            ),
             Transforms::RandomResizedCrop { scale, ratio, flip } => {
                 let mut rng = keyed_rng(self.seed, epoch, Purpose::Sample, index as u64);
-                let crop = random_resized_crop(&mut rng, iw, ih, scale, ratio);
-                let flipped = flip && rng.random::<f64>() < 0.5;
-                (crop, flipped)
+                random_resized_crop_and_flip(&mut rng, iw, ih, scale, ratio, flip)
             }
         }
     }
@@ -61,6 +39,49 @@ impl ImageTransform {
             y1: ((crop.top + crop.height + ry).ceil() as usize).min(h),
         }
     }
+}
+
+/// torchvision's eval crop of an `iw x ih` image: `Resize(resize)` (the
+/// shorter side to `resize`, the longer truncated) then `CenterCrop(out)`,
+/// as a box of the original image's pixels.
+pub(crate) fn center_crop(iw: usize, ih: usize, resize: usize, out: (usize, usize)) -> Crop {
+    let (w, h) = (iw as f64, ih as f64);
+    let (ow, oh) = out;
+    // torchvision: shorter side -> resize, longer side truncated.
+    let (nw, nh) = if iw <= ih {
+        (resize, (resize as f64 * h / w) as usize)
+    } else {
+        ((resize as f64 * w / h) as usize, resize)
+    };
+    let (nw, nh) = (nw.max(ow), nh.max(oh));
+    // Python's `round`, as torchvision's `center_crop`: ties go
+    // to even (an odd margin of 117 starts the crop at 58).
+    let left = ((nw - ow) as f64 / 2.0).round_ties_even();
+    let top = ((nh - oh) as f64 / 2.0).round_ties_even();
+    let (sx, sy) = (w / nw as f64, h / nh as f64);
+    // `min`: rounding must not push the window past the edge
+    // (20x18 -> 13x12, crop 12: 1.538 + 18.46 > 20 by an ulp).
+    Crop {
+        left: left * sx,
+        top: top * sy,
+        width: (ow as f64 * sx).min(w - left * sx),
+        height: (oh as f64 * sy).min(h - top * sy),
+    }
+}
+
+/// torchvision's `RandomResizedCrop(scale, ratio)` then, if `flip`,
+/// `RandomHorizontalFlip(0.5)`, drawn from `rng` in that order.
+pub(crate) fn random_resized_crop_and_flip(
+    rng: &mut impl Rng,
+    iw: usize,
+    ih: usize,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    flip: bool,
+) -> (Crop, bool) {
+    let crop = random_resized_crop(rng, iw, ih, scale, ratio);
+    let flipped = flip && rng.random::<f64>() < 0.5;
+    (crop, flipped)
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area

@@ -2,11 +2,13 @@
 
 mod crop;
 pub(crate) mod resize;
+pub(crate) use crop::{center_crop, random_resized_crop_and_flip};
 mod scratch;
 mod write;
 
+pub use scratch::Scratch;
+pub(crate) use scratch::ScratchPool;
 use scratch::SCRATCH;
-pub(crate) use scratch::{Scratch, ScratchPool};
 
 use crate::decode::Decoded;
 use crate::error::{Error, Result};
@@ -61,6 +63,16 @@ impl Transforms {
             resize: (size as f64 / 0.875).round() as usize,
         }
     }
+}
+
+/// What [`ImageTransform::apply_planned`] did: its times, the decoded
+/// image's size, and the crop (in that image's pixels) and flip it applied.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Applied {
+    pub(crate) times: SampleTimes,
+    pub(crate) image: Size,
+    pub(crate) crop: Crop,
+    pub(crate) flip: bool,
 }
 
 /// The per-sample function of a loader: decode, transform, write into a slot.
@@ -189,6 +201,22 @@ impl ImageTransform {
         index: usize,
         slot: Slot<'_>,
     ) -> Result<SampleTimes> {
+        let plan = |w, h| self.params(w, h, epoch, index);
+        self.apply_planned(scratch, key, bytes, plan, slot)
+            .map(|a| a.times)
+    }
+
+    /// Decodes `bytes` and writes the crop and flip `plan(width, height)`
+    /// chooses for the image, resized to the output, into `slot`: decoding
+    /// only the window the resize reads where the format allows it.
+    pub(crate) fn apply_planned(
+        &self,
+        scratch: &mut Scratch,
+        key: &str,
+        bytes: &[u8],
+        plan: impl Fn(usize, usize) -> (Crop, bool),
+        slot: Slot<'_>,
+    ) -> Result<Applied> {
         let Scratch {
             resampler,
             decoded,
@@ -197,14 +225,16 @@ impl ImageTransform {
             ..
         } = scratch;
         let t0 = Instant::now();
-        let plan = |w, h| {
-            let (crop, flip) = self.params(w, h, epoch, index);
+        let chosen = std::cell::Cell::new(None);
+        let windowed = |w, h| {
+            let (crop, flip) = plan(w, h);
+            chosen.set(Some((Size::new(w, h), crop, flip)));
             (crop, flip, self.window(crop, w, h))
         };
         let out_size = (self.width, self.height);
-        let got = crate::decode::decode_for_crop(key, bytes, jpeg, decoded, out_size, plan)?;
+        let got = crate::decode::decode_for_crop(key, bytes, jpeg, decoded, out_size, windowed)?;
         let t1 = Instant::now();
-        let (width, height) = match got {
+        let (decoded_px, image, crop, flip) = match got {
             Decoded::Window {
                 width,
                 height,
@@ -213,18 +243,29 @@ impl ImageTransform {
             } => {
                 let src = View::whole(decoded, width, height);
                 self.resample(resampler, resized, key, src, crop, flip, slot)?;
-                (width, height)
+                let (image, full_crop, _) = chosen.get().ok_or_else(|| Error::Transform {
+                    key: key.into(),
+                    reason: "the window decoder did not ask for a crop".into(),
+                    source: None,
+                })?;
+                (width * height, image, full_crop, flip)
             }
             Decoded::Whole { width, height } => {
+                let (crop, flip) = plan(width, height);
                 let wh = (width, height);
-                self.resample_full(resampler, resized, key, decoded, wh, (epoch, index), slot)?;
-                (width, height)
+                self.resample_full(resampler, resized, key, decoded, wh, (crop, flip), slot)?;
+                (width * height, Size::new(width, height), crop, flip)
             }
         };
-        Ok(SampleTimes {
-            decode: t1 - t0,
-            transform: t1.elapsed(),
-            decoded_bytes: (width * height * 3) as u64,
+        Ok(Applied {
+            times: SampleTimes {
+                decode: t1 - t0,
+                transform: t1.elapsed(),
+                decoded_bytes: (decoded_px * 3) as u64,
+            },
+            image,
+            crop,
+            flip,
         })
     }
 
@@ -254,9 +295,24 @@ impl ImageTransform {
         scratch: &mut Scratch,
         key: &str,
         rgb: &[u8],
-        Size { width, height }: Size,
+        size: Size,
         epoch: u64,
         index: usize,
+        slot: Slot<'_>,
+    ) -> Result<()> {
+        let drawn = self.params(size.width, size.height, epoch, index);
+        self.resample_decoded(scratch, key, rgb, size, drawn, slot)
+    }
+
+    /// Writes `crop` (flipped if `flip`) of the packed RGB8 pixels `rgb` of
+    /// `size`, resized, into `slot`.
+    pub(crate) fn resample_decoded(
+        &self,
+        scratch: &mut Scratch,
+        key: &str,
+        rgb: &[u8],
+        Size { width, height }: Size,
+        drawn: (Crop, bool),
         slot: Slot<'_>,
     ) -> Result<()> {
         if width == 0 || height == 0 || rgb.len() < width * height * 3 {
@@ -273,24 +329,23 @@ impl ImageTransform {
             resampler, resized, ..
         } = scratch;
         let wh = (width, height);
-        self.resample_full(resampler, resized, key, rgb, wh, (epoch, index), slot)
+        self.resample_full(resampler, resized, key, rgb, wh, drawn, slot)
     }
 
-    /// Resamples sample `index` of `epoch` from a whole decoded image through
-    /// the same window as the window decoder would have decoded, so both
-    /// paths give bit-identical output.
+    /// Resamples `crop` (flipped if `flip`) of a whole decoded image
+    /// through the same window as the window decoder would have decoded, so
+    /// both paths give bit-identical output.
     #[allow(clippy::too_many_arguments)]
-    fn resample_full(
+    pub(crate) fn resample_full(
         &self,
         resampler: &mut Resampler,
         resized: &mut Vec<u8>,
         key: &str,
         rgb: &[u8],
         (width, height): (usize, usize),
-        (epoch, index): (u64, usize),
+        (crop, flip): (Crop, bool),
         slot: Slot<'_>,
     ) -> Result<()> {
-        let (crop, flip) = self.params(width, height, epoch, index);
         let win = self.window(crop, width, height);
         let src = View {
             x0: win.x0,

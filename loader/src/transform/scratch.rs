@@ -10,9 +10,10 @@ use std::sync::Mutex;
 /// Buffers reused across samples, so steady-state work allocates nothing
 /// of its own: one per active decode worker in the loader (a
 /// [`ScratchPool`]), one per thread for direct calls of
-/// [`ImageTransform::apply`].
+/// [`ImageTransform::apply`]. A map gets its worker's from
+/// [`Sample::scratch`](crate::map::Sample::scratch) for [`crate::ops`].
 #[derive(Default)]
-pub(crate) struct Scratch {
+pub struct Scratch {
     pub(super) resampler: Resampler,
     /// The decoded image.
     pub(super) decoded: Vec<u8>,
@@ -26,6 +27,16 @@ pub(crate) struct Scratch {
     counted: u64,
     /// The thread that last used it: its buffers are in that core's cache.
     last_thread: Option<std::thread::ThreadId>,
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("decoded", &self.decoded.capacity())
+            .field("resized", &self.resized.capacity())
+            .field("read", &self.read.capacity())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Read buffers above this size are not kept: one huge file must not pin

@@ -39,6 +39,7 @@ use super::ring::{Guards, Ring, Staged, Streams};
 use super::HostBuf;
 use super::On;
 use crate::error::{Error, Result};
+use crate::fields::{FieldType, Schema};
 use candle_core::cuda::cudarc::driver::{result, sys, CudaEvent, CudaStream, DevicePtrMut};
 use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
@@ -53,11 +54,11 @@ use std::time::Duration;
 /// the batch that need it.
 pub(crate) type Event = Arc<CudaEvent>;
 
-/// A ring slot: device memory for one batch's images (bytes) and labels.
+/// A ring slot: device memory for one batch, every field's region at its
+/// packed offset (as in the pinned buffer).
 #[derive(Debug)]
 pub(crate) struct Slot {
-    images: u64,
-    labels: u64,
+    base: u64,
 }
 
 /// What L does with a staged batch.
@@ -69,12 +70,11 @@ pub(crate) enum Finish {
     Normalize(NormalizeU8),
 }
 
-/// One batch: `n` samples, the images' shape on the host.
+/// One batch: every field's packed offset, element type and shape
+/// `[n, ..]`.
 #[derive(Debug)]
 pub(crate) struct Job {
-    n: usize,
-    shape: Shape,
-    elem: usize,
+    fields: Vec<(usize, FieldType, Shape)>,
 }
 
 /// The protocol's streams on a CUDA device.
@@ -82,7 +82,8 @@ pub(crate) struct Job {
 pub(crate) struct CudaStreams {
     copy: Arc<CudaStream>,
     dev: CudaDevice,
-    finish: Finish,
+    /// The field `Finish` applies to, and what it does.
+    finish: (Option<usize>, Finish),
     /// The copy's start, recorded by `copy_in`, paired with `copied`.
     copy_start: Mutex<Option<CudaEvent>>,
 }
@@ -143,12 +144,79 @@ impl CudaStreams {
     }
 }
 
+impl CudaStreams {
+    /// A tensor of `shape` and element type `dtype` copied from `src`.
+    fn copied_as(&self, dtype: FieldType, src: u64, shape: Shape) -> Result<Tensor> {
+        let n = shape.elem_count();
+        match dtype {
+            FieldType::U8 => self.copied::<u8>(src, n, shape),
+            FieldType::U32 => self.copied::<u32>(src, n, shape),
+            FieldType::I16 => self.copied::<i16>(src, n, shape),
+            FieldType::I32 => self.copied::<i32>(src, n, shape),
+            FieldType::I64 => self.copied::<i64>(src, n, shape),
+            FieldType::BF16 => self.copied::<half::bf16>(src, n, shape),
+            FieldType::F16 => self.copied::<half::f16>(src, n, shape),
+            FieldType::F32 => self.copied::<f32>(src, n, shape),
+            FieldType::F64 => self.copied::<f64>(src, n, shape),
+        }
+    }
+
+    /// The built-in image map's images field (`u8` NHWC or `f32` NCHW at
+    /// `src`), cast or normalized on L as `finish` says.
+    fn finished(
+        &self,
+        finish: Finish,
+        src: u64,
+        dtype: FieldType,
+        shape: &Shape,
+    ) -> Result<Tensor> {
+        let len = shape.elem_count();
+        Ok(match finish {
+            // An empty batch has nothing to cast (candle's cast would launch
+            // an empty grid, an error): an empty tensor of the final type.
+            Finish::Copy { dtype: to } if len == 0 => match to {
+                DType::U8 => self.copied::<u8>(src, 0, shape.clone())?,
+                DType::F16 => self.copied::<half::f16>(src, 0, shape.clone())?,
+                DType::BF16 => self.copied::<half::bf16>(src, 0, shape.clone())?,
+                _ => self.copied::<f32>(src, 0, shape.clone())?,
+            },
+            Finish::Copy { dtype: to } => {
+                let t = self.copied_as(dtype, src, shape.clone())?;
+                // candle's cast reads `t` on t's own stream, which is L.
+                if t.dtype() == to {
+                    t
+                } else {
+                    t.to_dtype(to).on("converting a batch on the device")?
+                }
+            }
+            Finish::Normalize(op) => {
+                let (n, h, w) = match shape.dims() {
+                    &[n, h, w, _] => (n, h, w),
+                    d => {
+                        return Err(Error::InvalidConfig(format!(
+                            "device normalize needs u8 [n, h, w, 3] batches, got {d:?}"
+                        )))
+                    }
+                };
+                let storage = super::normalize::cuda::launch(&self.dev, &op, src, n, h * w)
+                    .on("normalizing a batch on the device")?;
+                Tensor::from_storage(
+                    Storage::Cuda(storage),
+                    (n, 3, h, w),
+                    BackpropOp::none(),
+                    false,
+                )
+            }
+        })
+    }
+}
+
 impl Streams for CudaStreams {
     type Event = Event;
     type Host = HostRef;
     type Slot = Slot;
     type Job = Job;
-    type Out = (Tensor, Tensor);
+    type Out = Vec<Tensor>;
 
     fn copy_wait(&self, e: &Event) -> Result<()> {
         self.copy.wait(e).on("ordering the copy stream")
@@ -164,19 +232,20 @@ impl Streams for CudaStreams {
             .on("copying a batch to the device")?;
         self.bind()?;
         let c = self.copy.cu_stream();
-        // Empty batches (every sample skipped) copy nothing.
-        if host.label_count > 0 {
+        // Empty regions (every sample skipped) copy nothing.
+        for &(offset, bytes) in &host.regions {
+            if bytes == 0 {
+                continue;
+            }
             // SAFETY: `host` points into a live pinned buffer (it is freed
             // only after its `copied` event, recorded right after these
-            // copies, has completed) and the slot holds at least as many
-            // bytes (both sized for a full batch); the copy stream waited for
-            // the slot's last read (`consumed`) before this.
+            // copies, has completed) holding `bytes` at `offset` (checked
+            // against the schema by `host_ref`), and the slot has the same
+            // packed layout; the copy stream waited for the slot's last read
+            // (`consumed`) before this.
             unsafe {
-                let images = std::slice::from_raw_parts(host.images, host.image_bytes);
-                result::memcpy_htod_async(slot.images, images, c)
-                    .on("copying a batch to the device")?;
-                let labels = std::slice::from_raw_parts(host.labels, host.label_count);
-                result::memcpy_htod_async(slot.labels, labels, c)
+                let src = std::slice::from_raw_parts(host.base.add(offset), bytes);
+                result::memcpy_htod_async(slot.base + offset as u64, src, c)
                     .on("copying a batch to the device")?;
             }
         }
@@ -198,50 +267,17 @@ impl Streams for CudaStreams {
         self.compute().wait(e).on("ordering the compute stream")
     }
 
-    fn finish(&self, slot: &Slot, job: &Job) -> Result<(Tensor, Tensor)> {
-        let len = job.shape.elem_count();
-        let images = match self.finish {
-            // An empty batch has nothing to cast (candle's cast would launch
-            // an empty grid, an error): an empty tensor of the final type.
-            Finish::Copy { dtype } if len == 0 => match dtype {
-                DType::U8 => self.copied::<u8>(slot.images, 0, job.shape.clone())?,
-                DType::F16 => self.copied::<half::f16>(slot.images, 0, job.shape.clone())?,
-                DType::BF16 => self.copied::<half::bf16>(slot.images, 0, job.shape.clone())?,
-                _ => self.copied::<f32>(slot.images, 0, job.shape.clone())?,
-            },
-            Finish::Copy { dtype } => {
-                let t = match job.elem {
-                    1 => self.copied::<u8>(slot.images, len, job.shape.clone())?,
-                    _ => self.copied::<f32>(slot.images, len, job.shape.clone())?,
-                };
-                // candle's cast reads `t` on t's own stream, which is L.
-                if t.dtype() == dtype {
-                    t
-                } else {
-                    t.to_dtype(dtype).on("converting a batch on the device")?
-                }
-            }
-            Finish::Normalize(op) => {
-                let (n, h, w) = match job.shape.dims() {
-                    &[n, h, w, _] => (n, h, w),
-                    d => {
-                        return Err(Error::InvalidConfig(format!(
-                            "device normalize needs u8 [n, h, w, 3] batches, got {d:?}"
-                        )))
-                    }
-                };
-                let storage = super::normalize::cuda::launch(&self.dev, &op, slot.images, n, h * w)
-                    .on("normalizing a batch on the device")?;
-                Tensor::from_storage(
-                    Storage::Cuda(storage),
-                    (n, 3, h, w),
-                    BackpropOp::none(),
-                    false,
-                )
-            }
-        };
-        let labels = self.copied::<u32>(slot.labels, job.n, job.n.into())?;
-        Ok((images, labels))
+    fn finish(&self, slot: &Slot, job: &Job) -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(job.fields.len());
+        for (f, (offset, dtype, shape)) in job.fields.iter().enumerate() {
+            let src = slot.base + *offset as u64;
+            let t = match self.finish {
+                (Some(at), finish) if at == f => self.finished(finish, src, *dtype, shape)?,
+                _ => self.copied_as(*dtype, src, shape.clone())?,
+            };
+            out.push(t);
+        }
+        Ok(out)
     }
 
     fn compute_record(&self) -> Result<Event> {
@@ -283,13 +319,12 @@ const RING: usize = 3;
 
 impl CudaUploader {
     /// The copy stream (its creation puts the context in multi-stream mode
-    /// and synchronizes it once) and the ring, for batches of up to
-    /// `image_bytes` bytes and `labels` labels.
+    /// and synchronizes it once) and the ring, for batches of `schema`;
+    /// `finish` applies to its field `finish.0`.
     pub(crate) fn new(
         dev: &CudaDevice,
-        image_bytes: usize,
-        labels: usize,
-        finish: Finish,
+        schema: &Schema,
+        finish: (Option<usize>, Finish),
         guards: Guards,
     ) -> Result<Self> {
         let copy = dev
@@ -302,17 +337,13 @@ impl CudaUploader {
             .on("setting up the upload streams and staging ring")?;
         let mut slots = Vec::with_capacity(RING);
         for _ in 0..RING {
-            // SAFETY: plain device allocations, freed in `Drop` after the
-            // ring has drained; never read before the copy that fills them.
-            let (images, labels) = unsafe {
-                (
-                    result::malloc_sync(image_bytes.max(1))
-                        .on("setting up the upload streams and staging ring")?,
-                    result::malloc_sync(4 * labels.max(1))
-                        .on("setting up the upload streams and staging ring")?,
-                )
+            // SAFETY: a plain device allocation, freed in `Drop` after the
+            // ring has drained; never read before the copy that fills it.
+            let base = unsafe {
+                result::malloc_sync(schema.packed_bytes.max(1))
+                    .on("setting up the upload streams and staging ring")?
             };
-            slots.push(Slot { images, labels });
+            slots.push(Slot { base });
         }
         let streams = CudaStreams {
             copy,
@@ -333,28 +364,31 @@ impl CudaUploader {
         self.guards
     }
 
-    /// Stages a filled pinned buffer: its labels are written next to the
-    /// images, both are copied on the copy stream and finished on L. The
-    /// buffer keeps its `copied` event, the batch its `ready` event.
+    /// Stages a filled pinned buffer of `n` samples: every field is copied
+    /// on the copy stream and finished on L. The buffer keeps its `copied`
+    /// event, the batch its `ready` event.
     pub(crate) fn upload(
         &self,
         buf: &mut HostBuf,
-        labels: &[u32],
-        shape: Shape,
-    ) -> Result<(Tensor, Tensor, Event)> {
-        let (host, elem) = match buf {
-            HostBuf::PinnedU8(p) => (host_ref(p, labels, shape.elem_count())?, 1),
-            HostBuf::PinnedF32(p) => (host_ref(p, labels, shape.elem_count())?, 4),
-            _ => {
-                return Err(Error::InvalidConfig(
-                    "the CUDA uploader needs pinned buffers".into(),
-                ))
-            }
+        n: usize,
+        schema: &Schema,
+    ) -> Result<(Vec<Tensor>, Event)> {
+        let HostBuf::Pinned(p) = buf else {
+            return Err(Error::InvalidConfig(
+                "the CUDA uploader needs pinned buffers".into(),
+            ));
         };
+        let host = host_ref(p, n, schema)?;
         let job = Job {
-            n: labels.len(),
-            shape,
-            elem,
+            fields: schema
+                .fields
+                .iter()
+                .map(|f| {
+                    let mut dims = vec![n];
+                    dims.extend_from_slice(&f.field.shape);
+                    (f.offset, f.field.dtype, Shape::from(dims))
+                })
+                .collect(),
         };
         // A panic part-way (in candle or cudarc) could leave a copy in
         // flight with no event: wait the streams out before `buf` may be
@@ -367,23 +401,19 @@ impl CudaUploader {
             std::panic::resume_unwind(payload)
         });
         let Staged {
-            out: (images, label_tensor),
+            out: fields,
             copied,
             ready,
         } = staged?;
         let start = crate::lock(&self.streams.copy_start).take();
-        match buf {
-            HostBuf::PinnedU8(p) => p.copied = Some(copied.clone()),
-            HostBuf::PinnedF32(p) => p.copied = Some(copied.clone()),
-            _ => {}
-        }
+        p.copied = Some(copied.clone());
         if let Some(start) = start {
-            let bytes = (host.image_bytes + 4 * host.label_count) as u64;
+            let bytes = host.regions.iter().map(|r| r.1 as u64).sum();
             crate::lock(&self.timings)
                 .pending
                 .push_back((start, copied, bytes));
         }
-        Ok((images, label_tensor, ready))
+        Ok((fields, ready))
     }
 
     /// The copies that have completed since the last call: their total
@@ -422,8 +452,7 @@ impl Drop for CudaUploader {
                 // SAFETY: allocated by `malloc_sync` in `new`, freed once,
                 // after every copy and read of the ring has completed.
                 unsafe {
-                    let _ = result::free_sync(slot.images);
-                    let _ = result::free_sync(slot.labels);
+                    let _ = result::free_sync(slot.base);
                 }
             }
         }

@@ -1,32 +1,32 @@
 //! Page-locked host batch buffers: allocated once, written by the decode
 //! workers, read by the copy stream, and never rewritten before that copy
-//! is done ([`Guard::Pinned`]).
+//! is done ([`Guard::Pinned`]). One allocation per batch buffer holds every
+//! field's region at its packed offset ([`Schema`]), 256-byte aligned.
 
 use super::{Event, On};
 use crate::device::ring::{Guard, Guards};
 use crate::device::HostBuf;
 use crate::error::{Error, Result};
-use crate::layout::HostLayout;
-use candle_core::cuda::cudarc::driver::{PinnedHostSlice, ValidAsZeroBits};
+use crate::fields::Schema;
+use candle_core::cuda::cudarc::driver::PinnedHostSlice;
 use candle_core::CudaDevice;
 
-/// A page-locked host batch buffer of `T` with room for the batch's labels.
+/// A page-locked host batch buffer of every field's region.
 #[derive(Debug)]
-pub(crate) struct Pinned<T> {
-    pub(super) images: PinnedHostSlice<T>,
-    pub(super) labels: PinnedHostSlice<u32>,
+pub(crate) struct Pinned {
+    pub(super) bytes: PinnedHostSlice<u8>,
     /// Recorded on the copy stream after the last copy out of this buffer.
     pub(super) copied: Option<Event>,
     pub(super) guard: bool,
 }
 
-impl<T: ValidAsZeroBits> Pinned<T> {
-    /// The elements, once the last copy out of the buffer has completed.
-    pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+impl Pinned {
+    /// The bytes, once the last copy out of the buffer has completed.
+    pub(crate) fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         self.wait_writable()?;
         // cudarc's own event of the slice is never recorded after the
         // allocation (the loader copies through raw pointers): no wait here.
-        self.images
+        self.bytes
             .as_mut_slice()
             .on("waiting for a copy out of a pinned buffer")
     }
@@ -42,7 +42,7 @@ impl<T: ValidAsZeroBits> Pinned<T> {
     }
 }
 
-impl<T> Drop for Pinned<T> {
+impl Drop for Pinned {
     fn drop(&mut self) {
         // cuMemFreeHost must not run under a copy still reading the buffer.
         if let Some(e) = &self.copied {
@@ -51,95 +51,53 @@ impl<T> Drop for Pinned<T> {
     }
 }
 
-/// Allocates one zeroed page-locked `T` buffer of `elems` plus `labels` u32.
-pub(super) fn pinned<T: candle_core::cuda::cudarc::driver::DeviceRepr + ValidAsZeroBits>(
-    dev: &CudaDevice,
-    elems: usize,
-    labels: usize,
-    guard: bool,
-) -> Result<Pinned<T>> {
+/// Allocates one zeroed page-locked host batch buffer of `bytes` (a
+/// schema's packed size).
+pub(crate) fn pinned_buffer(dev: &CudaDevice, bytes: usize, guards: Guards) -> Result<HostBuf> {
     let ctx = dev.cuda_stream().context().clone();
     // SAFETY: flags 0 is plain page-locked memory (not write-combined, so
     // the CPU can also read it fast). The memory is uninitialized; it is
     // zeroed right below, before any reference to it exists.
-    let mut images = unsafe { ctx.alloc_pinned_with_flags::<T>(elems, 0) }
+    let mut slice = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }
         .on("allocating page-locked host memory")?;
-    // SAFETY: as above, for the labels.
-    let mut label_buf = unsafe { ctx.alloc_pinned_with_flags::<u32>(labels.max(1), 0) }
-        .on("allocating page-locked host memory")?;
-    let p = images
+    let p = slice
         .as_mut_ptr()
         .on("allocating page-locked host memory")?;
-    // SAFETY: `p` points to `elems` elements just allocated and not yet
-    // shared; all-zero bits are a valid `T` (`ValidAsZeroBits`).
-    unsafe { std::ptr::write_bytes(p, 0, elems) };
-    let l = label_buf
-        .as_mut_ptr()
-        .on("allocating page-locked host memory")?;
-    // SAFETY: as above, `labels.max(1)` u32.
-    unsafe { std::ptr::write_bytes(l, 0, labels.max(1)) };
-    Ok(Pinned {
-        images,
-        labels: label_buf,
+    // SAFETY: `p` points to `bytes.max(1)` bytes just allocated and not yet
+    // shared.
+    unsafe { std::ptr::write_bytes(p, 0, bytes.max(1)) };
+    Ok(HostBuf::Pinned(Pinned {
+        bytes: slice,
         copied: None,
-        guard,
-    })
+        guard: guards.on(Guard::Pinned),
+    }))
 }
 
-/// Allocates one pinned host batch buffer for `output`: `elems` image
-/// elements and room for `labels` labels.
-pub(crate) fn pinned_buffer(
-    dev: &CudaDevice,
-    elems: usize,
-    labels: usize,
-    output: HostLayout,
-    guards: Guards,
-) -> Result<HostBuf> {
-    let guard = guards.on(Guard::Pinned);
-    Ok(match output {
-        HostLayout::U8Nhwc => HostBuf::PinnedU8(pinned::<u8>(dev, elems, labels, guard)?),
-        HostLayout::F32Nchw { .. } => HostBuf::PinnedF32(pinned::<f32>(dev, elems, labels, guard)?),
-    })
-}
-
-/// A host buffer as the copy sees it: raw addresses and sizes.
-#[derive(Debug, Clone, Copy)]
+/// A host buffer as the copy sees it: its base address and, per field,
+/// the byte offset and the bytes the batch's samples fill.
+#[derive(Debug, Clone)]
 pub(crate) struct HostRef {
-    pub(super) images: *const u8,
-    pub(super) image_bytes: usize,
-    pub(super) labels: *const u32,
-    pub(super) label_count: usize,
+    pub(super) base: *const u8,
+    pub(super) regions: Vec<(usize, usize)>,
 }
 
-/// Writes the labels into `p`'s label region and returns the copy's view
-/// of the first `len` image elements and the labels.
-pub(super) fn host_ref<T: ValidAsZeroBits>(
-    p: &mut Pinned<T>,
-    labels: &[u32],
-    len: usize,
-) -> Result<HostRef> {
-    p.wait_writable()?;
-    let room = p.labels.as_mut_slice().on("reading a pinned buffer")?;
-    let capacity = room.len();
-    let room = room.get_mut(..labels.len()).ok_or_else(|| {
-        Error::InvalidConfig(format!("{} labels for a batch of {capacity}", labels.len()))
-    })?;
-    room.copy_from_slice(labels);
-    let images = p.images.as_mut_slice().on("reading a pinned buffer")?;
-    if len > images.len() {
+/// The copy's view of the first `n` samples of every field of `p`.
+pub(super) fn host_ref(p: &mut Pinned, n: usize, schema: &Schema) -> Result<HostRef> {
+    let bytes = p.as_mut_slice()?;
+    if n > schema.batch || bytes.len() < schema.packed_bytes {
         return Err(Error::InvalidConfig(format!(
-            "batch of {len} elements in a buffer of {}",
-            images.len()
+            "a batch of {n} in a pinned buffer of {} bytes laid out for {} samples in {}",
+            bytes.len(),
+            schema.batch,
+            schema.packed_bytes
         )));
     }
     Ok(HostRef {
-        images: images.as_ptr().cast(),
-        image_bytes: len * std::mem::size_of::<T>(),
-        labels: p
-            .labels
-            .as_mut_slice()
-            .on("reading a pinned buffer")?
-            .as_ptr(),
-        label_count: labels.len(),
+        base: bytes.as_ptr(),
+        regions: schema
+            .fields
+            .iter()
+            .map(|f| (f.offset, n * f.sample_bytes))
+            .collect(),
     })
 }
