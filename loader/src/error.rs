@@ -171,6 +171,16 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A sample's error, as a [`Map`](crate::map::Map) reports one: an
+    /// [`Error::Transform`] naming the sample's `key` and the `reason`.
+    pub fn sample(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Transform {
+            key: key.into(),
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
     /// Whether the error is about one sample or record (unreadable, empty,
     /// undecodable, damaged, or the code run for it panicked): from an
     /// epoch, the batch holding it failed, and a tolerant loop can go on

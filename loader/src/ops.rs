@@ -276,12 +276,13 @@ pub fn decode_label_map_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Resu
 
 /// Nearest-neighbour resample of `crop` of `src` (`channels` bytes per
 /// pixel, `size`), flipped if `flip`, into `out` (`out_size`, same
-/// channels): for label maps, whose values must not be blended. Output
+/// channels), widened to `T` (`u8`, or `i64` for a loss that takes class
+/// indices so): for label maps, whose values must not be blended. Output
 /// pixel `(x, y)` takes the source pixel under its centre in the crop,
 /// the geometry of [`Resize`]'s bilinear filter, so a mask stays aligned
 /// with its image.
 #[allow(clippy::too_many_arguments)]
-pub fn resample_nearest(
+pub fn resample_nearest<T: Copy + From<u8>>(
     key: &str,
     src: &[u8],
     size: Size,
@@ -289,7 +290,7 @@ pub fn resample_nearest(
     crop: Crop,
     flip: bool,
     out_size: Size,
-    out: &mut [u8],
+    out: &mut [T],
 ) -> Result<()> {
     let (w, h, c) = (size.width, size.height, channels);
     let (ow, oh) = (out_size.width, out_size.height);
@@ -306,7 +307,7 @@ pub fn resample_nearest(
     }
     if out.len() != ow * oh * c {
         return Err(bad(format!(
-            "an output of {} bytes for {ow}x{oh} of {c} channels",
+            "an output of {} elements for {ow}x{oh} of {c} channels",
             out.len()
         )));
     }
@@ -324,7 +325,9 @@ pub fn resample_nearest(
         let sy = ((crop.top + (y as f64 + 0.5) * sy).floor() as usize).min(h - 1);
         let src_row = &src[sy * w * c..(sy + 1) * w * c];
         for (px, &x) in row.chunks_exact_mut(c).zip(&src_x) {
-            px.copy_from_slice(&src_row[x * c..(x + 1) * c]);
+            for (o, &v) in px.iter_mut().zip(&src_row[x * c..(x + 1) * c]) {
+                *o = T::from(v);
+            }
         }
     }
     Ok(())

@@ -55,8 +55,10 @@
 //! [`LoaderBuilder::map`]: crate::LoaderBuilder::map
 
 mod image;
+mod tokens;
 
 pub use image::ImageClassification;
+pub use tokens::TokenWindowsMap;
 
 use crate::error::{Error, Result};
 use crate::fields::{Element, Field, FieldLayout, FieldType};

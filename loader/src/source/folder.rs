@@ -1,6 +1,8 @@
 //! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
 
-use super::{is_image_path, labeled_key, read_labeled, Record, Source};
+use super::{
+    is_image_path, labeled_key, read_file_into, read_labeled, Parts, Record, Source, Value,
+};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -157,6 +159,77 @@ impl Source for ImageFolder {
 
     fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
         read_labeled(&self.samples, index, bytes)
+    }
+
+    fn key(&self, index: usize) -> String {
+        labeled_key(&self.samples, index)
+    }
+}
+
+/// Segmentation datasets as two trees: `images/<path>.<jpg|png|...>` and
+/// its label map `masks/<path>.png` (Pascal VOC's `JPEGImages` beside
+/// `SegmentationClass`, ADE20K's `images` beside `annotations`). A record's
+/// bytes are the image; its part `mask` holds the mask's bytes, read when a
+/// map asks for it ([`Parts`]). Every image must have its mask: one
+/// missing is an error naming both paths when the dataset is opened.
+#[derive(Debug, Clone)]
+pub struct ImageMaskFolders {
+    /// `(image, mask)` pairs, sorted by the image's path.
+    samples: Vec<(PathBuf, u32)>,
+    masks: Vec<PathBuf>,
+}
+
+impl ImageMaskFolders {
+    /// Pairs every image under `images` with the `.png` of the same
+    /// relative path under `masks`.
+    pub fn new(images: impl AsRef<Path>, masks: impl AsRef<Path>) -> Result<Self> {
+        let (images, masks_root) = (images.as_ref(), masks.as_ref());
+        let mut samples = Vec::new();
+        collect_images(images, 0, &mut samples)?;
+        if samples.is_empty() {
+            return Err(Error::Dataset {
+                path: images.to_path_buf(),
+                reason: "no images".into(),
+                source: None,
+            });
+        }
+        let mut masks = Vec::with_capacity(samples.len());
+        for (image, _) in &samples {
+            let rel = image.strip_prefix(images).unwrap_or(image);
+            let mask = masks_root.join(rel).with_extension("png");
+            if !mask.is_file() {
+                return Err(Error::Dataset {
+                    path: image.clone(),
+                    reason: format!("no mask {} for this image", mask.display()),
+                    source: None,
+                });
+            }
+            masks.push(mask);
+        }
+        Ok(Self { samples, masks })
+    }
+}
+
+impl Source for ImageMaskFolders {
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        self.read_reusing(index, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        read_labeled(&self.samples, index, bytes)
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let record = self.read_reusing(index, bytes)?;
+        if !parts.wants("mask") {
+            return Ok(record);
+        }
+        let mask = read_file_into(&self.masks[index], Vec::new())?;
+        Ok(record.with_part("mask", Value::Bytes(mask)))
     }
 
     fn key(&self, index: usize) -> String {

@@ -10,7 +10,7 @@ pub(crate) mod tfrecord;
 mod tokens;
 mod webdataset;
 
-pub use folder::ImageFolder;
+pub use folder::{ImageFolder, ImageMaskFolders};
 pub use list::FileList;
 pub use memory::MemorySource;
 pub use open::open_path;
@@ -18,7 +18,7 @@ pub(crate) use shards::read_exact_at;
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
 pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
-pub use tokens::{TokenFile, TokenLayout, TokenWindows, WindowOrder, WindowStart};
+pub use tokens::{TokenFile, TokenLayout, TokenSource, TokenWindows, WindowOrder, WindowStart};
 pub use webdataset::{WebDataset, WebDatasetOptions};
 
 use crate::error::{Error, Result};

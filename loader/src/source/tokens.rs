@@ -14,10 +14,11 @@
 //! first, as the target of the last input) or at random offsets, a pure
 //! function of `(seed, epoch)`, dealt to ranks in equal counts.
 //!
-//! This is the reading half of the loader's token source: the loader
-//! integration (typed `input` / `target` batch fields) is still to come.
+//! [`TokenSource`] is these windows as a loader's source, and its map
+//! writes the `input` / `target` batch fields.
 
 use super::shards::open_shard;
+use super::{check_index, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use memmap2::Mmap;
@@ -285,6 +286,44 @@ impl TokenWindows {
         (0..self.lens.len()).map(|f| self.windows_in(f)).sum()
     }
 
+    /// Window `i` of `epoch` in the random order: a file by its share of
+    /// the windows, then any start in it, from `(seed, epoch, i)` (the
+    /// stream [`Sample::rng`](crate::map::Sample::rng) gives sample `i`).
+    pub fn random_window(&self, epoch: u64, i: usize) -> WindowStart {
+        self.random_window_seeded(self.seed, epoch, i)
+    }
+
+    fn random_window_seeded(&self, seed: u64, epoch: u64, i: usize) -> WindowStart {
+        let mut rng = keyed_rng(seed, epoch, Purpose::Sample, i as u64);
+        let mut pick = rng.random_range(0..self.total());
+        let mut file = 0;
+        while pick >= self.windows_in(file) {
+            pick -= self.windows_in(file);
+            file += 1;
+        }
+        let last = self.lens[file] - self.seq_len - 1;
+        WindowStart {
+            file,
+            token: rng.random_range(0..=last),
+        }
+    }
+
+    /// The `k`-th non-overlapping window, counting through the files in
+    /// order; `None` past the last.
+    pub fn fixed_window(&self, mut k: usize) -> Option<WindowStart> {
+        for file in 0..self.lens.len() {
+            let n = self.windows_in(file);
+            if k < n {
+                return Some(WindowStart {
+                    file,
+                    token: k * self.seq_len,
+                });
+            }
+            k -= n;
+        }
+        None
+    }
+
     /// Windows per epoch for each rank (equal on every rank: the tail that
     /// cannot go to all of them is left out that epoch).
     pub fn per_rank(&self) -> usize {
@@ -307,23 +346,7 @@ impl TokenWindows {
                 all.shuffle(&mut keyed_rng(self.seed, epoch, Purpose::Shuffle, 0));
                 all
             }
-            WindowOrder::Random => (0..total)
-                .map(|i| {
-                    let mut rng = keyed_rng(self.seed, epoch, Purpose::Sample, i as u64);
-                    // A file by its share of the windows, then any start in it.
-                    let mut pick = rng.random_range(0..total);
-                    let mut file = 0;
-                    while pick >= self.windows_in(file) {
-                        pick -= self.windows_in(file);
-                        file += 1;
-                    }
-                    let last = self.lens[file] - self.seq_len - 1;
-                    WindowStart {
-                        file,
-                        token: rng.random_range(0..=last),
-                    }
-                })
-                .collect(),
+            WindowOrder::Random => (0..total).map(|i| self.random_window(epoch, i)).collect(),
         };
         let n = self.per_rank();
         all.into_iter()
@@ -331,6 +354,129 @@ impl TokenWindows {
             .step_by(self.world_size)
             .take(n)
             .collect()
+    }
+}
+
+/// A source of token windows for language-model training: sample `k` is
+/// the `k`-th non-overlapping window of `seq_len + 1` tokens over the
+/// files, in order ([`TokenWindows::fixed_window`]). The loader's sampler
+/// shuffles, batches and shards them like any source's samples; its map
+/// ([`TokenSource::map`]) writes `input` and `target` straight from the
+/// memory maps.
+///
+/// ```no_run
+/// use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
+/// use candle_wick::Loader;
+/// # fn main() -> candle_wick::Result<()> {
+/// let tokens = TokenSource::new(vec![TokenFile::open("train.bin")?], 1024, WindowOrder::NonOverlapping)?;
+/// let mut loader = Loader::builder(tokens.clone())
+///     .map(tokens.map())
+///     .batch_size(32)
+///     .shuffle(1337)
+///     .build()?;
+/// for batch in loader.epoch(0) {
+///     let batch = batch?;
+///     let (x, y) = (batch.get("input")?, batch.get("target")?); // u32 [32, 1024]
+///     # let _ = (x, y);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TokenSource {
+    inner: std::sync::Arc<TokenInner>,
+}
+
+#[derive(Debug)]
+struct TokenInner {
+    files: Vec<TokenFile>,
+    /// The windows, planned for one rank (the loader shards).
+    windows: TokenWindows,
+    order: WindowOrder,
+}
+
+impl TokenSource {
+    /// Windows of `seq_len + 1` tokens over `files`, placed by `order`:
+    /// [`WindowOrder::NonOverlapping`] (with the loader's shuffle, every
+    /// token an input once per epoch) or [`WindowOrder::Random`] (each
+    /// sample at a random offset, drawn from `(seed, epoch, index)` with
+    /// the loader's seed). An error when no file holds a window.
+    pub fn new(files: Vec<TokenFile>, seq_len: usize, order: WindowOrder) -> Result<Self> {
+        let lens = files.iter().map(TokenFile::len).collect();
+        // The seed of random windows is the loader's, given per sample.
+        let windows = TokenWindows::new(lens, seq_len, order, 0, (0, 1))?;
+        Ok(Self {
+            inner: std::sync::Arc::new(TokenInner {
+                files,
+                windows,
+                order,
+            }),
+        })
+    }
+
+    /// Tokens per input (and per target).
+    pub fn seq_len(&self) -> usize {
+        self.inner.windows.seq_len
+    }
+
+    /// The files.
+    pub fn files(&self) -> &[TokenFile] {
+        &self.inner.files
+    }
+
+    /// Where sample `index` of `epoch` starts, for a loader seeded `seed`.
+    pub fn window(&self, seed: u64, epoch: u64, index: usize) -> Result<WindowStart> {
+        let w = &self.inner.windows;
+        check_index(index, w.total())?;
+        Ok(match self.inner.order {
+            WindowOrder::NonOverlapping => w.fixed_window(index).expect("index checked"),
+            WindowOrder::Random => w.random_window_seeded(seed, epoch, index),
+        })
+    }
+
+    /// The map that writes fields `input` and `target`, `u32 [seq_len]`
+    /// each, the target being the input shifted by one token.
+    pub fn map(&self) -> crate::map::TokenWindowsMap {
+        crate::map::TokenWindowsMap::new(self.clone())
+    }
+}
+
+impl Source for TokenSource {
+    fn len(&self) -> usize {
+        self.inner.windows.total()
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        self.read_reusing(index, Vec::new())
+    }
+
+    /// A record with no bytes: the map reads the tokens from the memory
+    /// map itself. Its key names the window for the non-overlapping
+    /// order, the sample for the random one (whose offset depends on the
+    /// epoch).
+    fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
+        check_index(index, self.len())?;
+        bytes.clear();
+        Ok(Record::encoded(self.key(index), bytes, 0))
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let record = self.read_reusing(index, bytes)?;
+        if !parts.wants("tokens") || self.inner.order != WindowOrder::NonOverlapping {
+            return Ok(record);
+        }
+        let w = self.window(0, 0, index)?;
+        let mut tokens = vec![0; self.seq_len() + 1];
+        self.inner.files[w.file].read_into(w.token, &mut tokens)?;
+        Ok(record.with_part("tokens", Value::Tokens(tokens)))
+    }
+
+    fn key(&self, index: usize) -> String {
+        match (self.inner.order, self.inner.windows.fixed_window(index)) {
+            (WindowOrder::NonOverlapping, Some(w)) => {
+                format!("{}@{}", self.inner.files[w.file].path().display(), w.token)
+            }
+            _ => format!("window #{index}"),
+        }
     }
 }
 

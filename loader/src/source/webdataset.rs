@@ -3,7 +3,7 @@
 //! another in the archive.
 
 use super::shards::{open_shard, shard_error, Cause, ShardOptions, ShardSet};
-use super::{read_exact_at, Damage, Record, ShardInfo, Source, IMAGE_EXTENSIONS};
+use super::{read_exact_at, Damage, Parts, Record, ShardInfo, Source, Value, IMAGE_EXTENSIONS};
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::Read;
@@ -51,6 +51,23 @@ struct Sample {
     offset: u64,
     len: u64,
     label: u32,
+    /// Its members, a range of the shard's [`Members`].
+    members: std::ops::Range<u32>,
+}
+
+/// One member of a sample: the extension (an index into the dataset's
+/// table of extensions), where its bytes are and how many.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    ext: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// The members of one shard's samples, in order, and the extensions seen.
+#[derive(Debug, Default)]
+struct Members {
+    members: Vec<Member>,
 }
 
 /// A dataset of WebDataset tar shards, read at random through an index of
@@ -69,6 +86,10 @@ pub struct WebDataset {
     files: Vec<(PathBuf, File)>,
     /// Samples of each shard.
     samples: Vec<Vec<Sample>>,
+    /// Members of each shard's samples.
+    members: Vec<Members>,
+    /// Every member extension seen (lower case), by index.
+    exts: Vec<String>,
     set: ShardSet,
 }
 
@@ -87,6 +108,8 @@ struct Pending {
     image: Option<(u64, u64, usize)>,
     label: Option<u32>,
     offset: u64,
+    /// Every member: `(extension index, offset, length)`.
+    members: Vec<Member>,
 }
 
 impl WebDataset {
@@ -101,18 +124,23 @@ impl WebDataset {
         opts: WebDatasetOptions,
     ) -> Result<Self> {
         let mut set = ShardSet::default();
-        let (mut files, mut samples) = (Vec::new(), Vec::new());
+        let (mut files, mut samples, mut members) = (Vec::new(), Vec::new(), Vec::new());
+        let mut exts = Vec::new();
         for path in paths {
             let path = path.as_ref();
             let (file, len) = open_shard(path)?;
-            let shard = index_shard(path, &file, len, &opts, &mut set)?;
+            let mut m = Members::default();
+            let shard = index_shard(path, &file, len, &opts, &mut set, (&mut m, &mut exts))?;
             set.push(path, shard.len());
             samples.push(shard);
+            members.push(m);
             files.push((path.to_path_buf(), file));
         }
         Ok(Self {
             files,
             samples,
+            members,
+            exts,
             set,
         })
     }
@@ -125,6 +153,7 @@ fn index_shard<R: Read + std::io::Seek>(
     file_len: u64,
     opts: &WebDatasetOptions,
     set: &mut ShardSet,
+    (members, exts): (&mut Members, &mut Vec<String>),
 ) -> Result<Vec<Sample>> {
     let mut out = Vec::new();
     let mut archive = tar::Archive::new(file);
@@ -242,7 +271,7 @@ fn index_shard<R: Read + std::io::Seek>(
         let ext = ext.to_ascii_lowercase();
         if pending.as_ref().is_none_or(|p| p.key != key) {
             if let Some(done) = pending.take() {
-                out.push(finish(path, done, opts)?);
+                out.push(finish(path, done, opts, members)?);
             }
             pending = Some(Pending {
                 key: key.to_string(),
@@ -251,6 +280,20 @@ fn index_shard<R: Read + std::io::Seek>(
             });
         }
         let p = pending.as_mut().expect("set above");
+        if size <= MAX_IMAGE_BYTES {
+            let ext_id = match exts.iter().position(|e| *e == ext) {
+                Some(i) => i,
+                None => {
+                    exts.push(ext.clone());
+                    exts.len() - 1
+                }
+            };
+            p.members.push(Member {
+                ext: ext_id as u32,
+                offset: start,
+                len: size,
+            });
+        }
         if let Some(rank) = opts.image_exts.iter().position(|x| *x == ext) {
             if size > MAX_IMAGE_BYTES {
                 return Err(shard_error(
@@ -288,10 +331,10 @@ fn index_shard<R: Read + std::io::Seek>(
         if let Some(p) =
             pending.filter(|p| p.image.is_some() && (p.label.is_some() || opts.label_ext.is_none()))
         {
-            out.push(finish(path, p, opts)?);
+            out.push(finish(path, p, opts, members)?);
         }
     } else if let Some(done) = pending.take() {
-        out.push(finish(path, done, opts)?);
+        out.push(finish(path, done, opts, members)?);
     }
     Ok(out)
 }
@@ -317,7 +360,12 @@ fn os_error(e: &std::io::Error) -> bool {
     false
 }
 
-fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions) -> Result<Sample> {
+fn finish(
+    path: &Path,
+    p: Pending,
+    opts: &WebDatasetOptions,
+    members: &mut Members,
+) -> Result<Sample> {
     let Some((offset, len, _)) = p.image else {
         return Err(shard_error(
             path,
@@ -340,11 +388,14 @@ fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions) -> Result<Sample> {
             ))
         }
     };
+    let first = members.members.len() as u32;
+    members.members.extend_from_slice(&p.members);
     Ok(Sample {
         key: p.key,
         offset,
         len,
         label,
+        members: first..members.members.len() as u32,
     })
 }
 
@@ -374,6 +425,27 @@ impl Source for WebDataset {
 
     fn read(&self, index: usize) -> Result<Record> {
         self.read_reusing(index, Vec::new())
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let mut record = self.read_reusing(index, bytes)?;
+        if *parts == Parts::Default {
+            return Ok(record);
+        }
+        let (s, n) = self.set.locate(index)?;
+        let (path, file) = &self.files[s];
+        let sample = &self.samples[s][n];
+        let range = sample.members.start as usize..sample.members.end as usize;
+        for m in &self.members[s].members[range] {
+            let ext = &self.exts[m.ext as usize];
+            if !parts.wants(ext) {
+                continue;
+            }
+            let mut data = vec![0; m.len as usize];
+            read_exact_at(file, path, m.offset, &mut data)?;
+            record.parts.push((ext.clone(), Value::Bytes(data)));
+        }
+        Ok(record)
     }
 
     fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
@@ -474,6 +546,7 @@ mod tests {
                 len,
                 &skip,
                 &mut set,
+                (&mut Members::default(), &mut Vec::new()),
             );
             (r, set.damage)
         };
@@ -564,7 +637,14 @@ mod tests {
                 fail_at,
             };
             let mut set = ShardSet::default();
-            match index_shard(path, r, len, &skip, &mut set) {
+            match index_shard(
+                path,
+                r,
+                len,
+                &skip,
+                &mut set,
+                (&mut Members::default(), &mut Vec::new()),
+            ) {
                 Err(Error::Io { path: p, source }) => {
                     assert_eq!(p, path);
                     assert_eq!(source.raw_os_error(), Some(5), "{source}");
@@ -579,7 +659,15 @@ mod tests {
         bad[2 * 2560 + 148] ^= 0x11;
         let mut set = ShardSet::default();
         let r = std::io::Cursor::new(bad);
-        let samples = index_shard(path, r, len, &skip, &mut set).unwrap();
+        let samples = index_shard(
+            path,
+            r,
+            len,
+            &skip,
+            &mut set,
+            (&mut Members::default(), &mut Vec::new()),
+        )
+        .unwrap();
         assert_eq!(samples.len(), 2);
         assert_eq!(set.damage.len(), 1, "{:?}", set.damage);
         assert!(

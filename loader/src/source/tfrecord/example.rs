@@ -2,6 +2,7 @@
 //! and its class) and writes.
 
 use crate::source::shards::Cause;
+use crate::source::{Parts, Value};
 use prost::Message;
 use std::collections::HashMap;
 
@@ -54,16 +55,24 @@ struct Int64List {
     value: Vec<i64>,
 }
 
-/// The image bytes and label of a serialized `tf.train.Example`.
+/// A record's named parts ([`crate::source::Record::parts`]).
+type NamedParts = Vec<(String, Value)>;
+
+/// A serialized `tf.train.Example`: its image bytes and label, and the
+/// features `parts` asks for as named parts. Under [`Parts::Default`] the
+/// image and label features must be there; a map that asks for parts may
+/// read records without them (empty bytes, label 0).
 pub(super) fn parse_example(
     data: &[u8],
     image_key: &str,
     label_key: &str,
-) -> Result<(Vec<u8>, u32), Cause> {
+    parts: &Parts,
+) -> Result<(Vec<u8>, u32, NamedParts), Cause> {
     let mut ex = Example::decode(data).map_err(|e| Cause::new("not a tf.train.Example", e))?;
     let mut features = ex.features.take().map(|f| f.feature).unwrap_or_default();
-    let image = match features.remove(image_key).and_then(|f| f.kind) {
-        Some(Kind::BytesList(mut b)) if b.value.len() == 1 => b.value.remove(0),
+    let required = *parts == Parts::Default;
+    let image = match features.get(image_key).and_then(|f| f.kind.as_ref()) {
+        Some(Kind::BytesList(b)) if b.value.len() == 1 => b.value[0].clone(),
         Some(Kind::BytesList(b)) => {
             return Err(format!(
                 "feature {image_key:?} holds {} byte strings, not 1",
@@ -72,7 +81,8 @@ pub(super) fn parse_example(
             .into())
         }
         Some(_) => return Err(format!("feature {image_key:?} is not a bytes_list").into()),
-        None => return Err(format!("no feature {image_key:?}").into()),
+        None if required => return Err(format!("no feature {image_key:?}").into()),
+        None => Vec::new(),
     };
     let label = match features.get(label_key).and_then(|f| f.kind.as_ref()) {
         Some(Kind::Int64List(l)) if l.value.len() == 1 => u32::try_from(l.value[0])
@@ -85,9 +95,25 @@ pub(super) fn parse_example(
             .into())
         }
         Some(_) => return Err(format!("feature {label_key:?} is not an int64_list").into()),
-        None => return Err(format!("no feature {label_key:?}").into()),
+        None if required => return Err(format!("no feature {label_key:?}").into()),
+        None => 0,
     };
-    Ok((image, label))
+    let mut named: Vec<(String, Value)> = features
+        .drain()
+        .filter(|(name, _)| parts.wants(name))
+        .filter_map(|(name, f)| {
+            let value = match f.kind? {
+                Kind::BytesList(mut b) if b.value.len() == 1 => Value::Bytes(b.value.remove(0)),
+                Kind::BytesList(b) => Value::BytesList(b.value),
+                Kind::FloatList(f) => Value::Float(f.value),
+                Kind::Int64List(i) => Value::Int64(i.value),
+            };
+            Some((name, value))
+        })
+        .collect();
+    // A map's order, not the hash map's.
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((image, label, named))
 }
 
 /// Serializes a `tf.train.Example` with an image and a label, under the

@@ -13,7 +13,7 @@ pub(crate) use example::example_bytes;
 pub(crate) use framing::masked_crc;
 
 use super::shards::{open_shard, shard_error, ShardOptions, ShardSet};
-use super::{read_exact_at, Damage, Record, RecordStream, ShardInfo, Source};
+use super::{read_exact_at, Damage, Parts, Record, RecordStream, ShardInfo, Source};
 use crate::error::{Error, Result};
 use example::parse_example;
 use framing::{check_record, scan, RecordReader};
@@ -183,6 +183,11 @@ impl Source for TfRecord {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
+        self.read_parts(index, &Parts::Default, Vec::new())
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        drop(bytes);
         let (s, number) = self.set.locate(index)?;
         let shard = &self.shards[s];
         let Some(file) = &shard.file else {
@@ -196,9 +201,12 @@ impl Source for TfRecord {
         let mut buf = vec![0; len as usize + 16];
         read_exact_at(file, &shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
-        let (image, label) = parse_example(data, &self.opts.image_key, &self.opts.label_key)
-            .map_err(|reason| shard_error(&shard.path, offset, reason))?;
-        Ok(Record::encoded(self.set.key(index), image, label))
+        let (image, label, named) =
+            parse_example(data, &self.opts.image_key, &self.opts.label_key, parts)
+                .map_err(|reason| shard_error(&shard.path, offset, reason))?;
+        let mut record = Record::encoded(self.set.key(index), image, label);
+        record.parts = named;
+        Ok(record)
     }
 
     fn key(&self, index: usize) -> String {
@@ -223,7 +231,7 @@ impl Source for TfRecord {
         );
         let stream = (0..s.count).map(move |number| {
             let (offset, data) = reader.next_record()?;
-            let (image, label) = parse_example(&data, &image_key, &label_key)
+            let (image, label, _) = parse_example(&data, &image_key, &label_key, &Parts::Default)
                 .map_err(|reason| shard_error(&path, offset, reason))?;
             Ok(Record::encoded(
                 format!("{}#{number}", path.display()),
@@ -264,14 +272,20 @@ mod tests {
     #[test]
     fn example_round_trips() {
         let bytes = example_bytes(b"\xff\xd8jpeg", 7, "image/encoded", "image/class/label");
-        let (img, label) = parse_example(&bytes, "image/encoded", "image/class/label").unwrap();
+        let (img, label, _) = parse_example(
+            &bytes,
+            "image/encoded",
+            "image/class/label",
+            &Parts::Default,
+        )
+        .unwrap();
         assert_eq!((img.as_slice(), label), (&b"\xff\xd8jpeg"[..], 7));
-        let err = parse_example(&bytes, "image/encoded", "label").unwrap_err();
+        let err = parse_example(&bytes, "image/encoded", "label", &Parts::Default).unwrap_err();
         assert!(err.reason.contains("no feature \"label\""), "{err:?}");
         let neg = example_bytes(b"x", -1, "i", "l");
-        let err = parse_example(&neg, "i", "l").unwrap_err();
+        let err = parse_example(&neg, "i", "l", &Parts::Default).unwrap_err();
         assert!(err.reason.contains("-1"), "{err:?}");
-        let err = parse_example(b"\xff\xff", "i", "l").unwrap_err();
+        let err = parse_example(b"\xff\xff", "i", "l", &Parts::Default).unwrap_err();
         assert!(err.source.is_some(), "the proto error is kept: {err:?}");
     }
 
