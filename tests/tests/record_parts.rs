@@ -1,7 +1,9 @@
 //! Every part of a record, from shards written by the real libraries
-//! (`tests/fixtures/shards/make_shards.py`: TensorFlow's TFRecordWriter,
-//! webdataset's TarWriter): a map that asks for parts gets each feature and
-//! member as stored; one that asks for none reads image + class only.
+//! (`tests/fixtures/shards/make_shards.py` and `make_parts.py`:
+//! TensorFlow's TFRecordWriter, webdataset's TarWriter, Python
+//! safetensors) and from a file list: a map that asks for parts gets each
+//! feature, member, tensor row and column as stored; one that asks for
+//! none reads image + class only.
 
 use candle_wick::source::{Parts, TfRecord, Value, WebDataset, WebDatasetOptions};
 use candle_wick::Source;
@@ -120,4 +122,179 @@ fn every_webdataset_member_is_a_part() {
         assert_eq!(named.parts.len(), 1);
         assert!(wds.read(i).unwrap().parts.is_empty());
     }
+}
+
+/// The values `make_parts.py` wrote, one object per sample.
+fn parts_expected() -> Vec<serde_json::Value> {
+    let bytes = std::fs::read(fixture("parts-expected.json")).unwrap();
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn f32s(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+#[test]
+fn webdataset_members_beyond_image_and_class_by_extension() {
+    let want = parts_expected();
+    let opts = WebDatasetOptions::default();
+    let wds = WebDataset::open_with([fixture("parts-wds-000000.tar")], opts).unwrap();
+    assert_eq!(wds.len(), want.len());
+    let ask = Parts::Named(vec!["seg.png".into(), "json".into(), "txt".into()]);
+    for (i, w) in want.iter().enumerate() {
+        let r = wds.read_parts(i, &ask, Vec::new()).unwrap();
+        assert!(r.key.ends_with(w["key"].as_str().unwrap()), "{}", r.key);
+        assert_eq!(r.label as i64, w["label"].as_i64().unwrap());
+        let mask = r.part_bytes("seg.png").unwrap();
+        assert_eq!(mask.len() as u64, w["mask_png_len"].as_u64().unwrap());
+        // The mask decodes as class ids: the rows safetensors holds.
+        let mut ids = Vec::new();
+        let size = candle_wick::ops::decode_label_map_into(&r.key, mask, &mut ids).unwrap();
+        for (y, row) in w["mask_rows"].as_array().unwrap().iter().enumerate() {
+            for (x, v) in row.as_array().unwrap().iter().enumerate() {
+                assert_eq!(u64::from(ids[y * size.width + x]), v.as_u64().unwrap());
+            }
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(r.part_bytes("json").unwrap()).unwrap();
+        assert_eq!(json["classes"], w["classes"]);
+        assert_eq!(
+            json["boxes"].as_array().unwrap().len(),
+            w["boxes"].as_array().unwrap().len()
+        );
+        let txt = std::str::from_utf8(r.part_bytes("txt").unwrap()).unwrap();
+        assert_eq!(txt, w["caption"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn tf_example_lists_of_any_length_and_several_byte_strings() {
+    let want = parts_expected();
+    let tf = TfRecord::open([fixture("parts-tf.tfrecord")]).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let r = tf.read_parts(i, &Parts::All, Vec::new()).unwrap();
+        let boxes = w["boxes"].as_array().unwrap();
+        let xmin: Vec<f32> = boxes.iter().map(|b| f32s(b)[0]).collect();
+        let ymin: Vec<f32> = boxes.iter().map(|b| f32s(b)[1]).collect();
+        assert_eq!(r.part("image/object/bbox/xmin"), Some(&Value::Float(xmin)));
+        assert_eq!(r.part("image/object/bbox/ymin"), Some(&Value::Float(ymin)));
+        let classes: Vec<i64> = w["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_i64().unwrap())
+            .collect();
+        assert_eq!(
+            r.part("image/object/class/label"),
+            Some(&Value::Int64(classes))
+        );
+        assert_eq!(
+            r.part_bytes("caption").unwrap(),
+            w["caption"].as_str().unwrap().as_bytes()
+        );
+        let tags: Vec<Vec<u8>> = w["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().as_bytes().to_vec())
+            .collect();
+        let got = r.part("tags").unwrap();
+        match tags.len() {
+            // One value is plain bytes, several a list.
+            1 => assert_eq!(got, &Value::Bytes(tags[0].clone())),
+            _ => assert_eq!(got, &Value::BytesList(tags)),
+        }
+    }
+}
+
+#[test]
+fn safetensors_rows_of_every_per_sample_tensor() {
+    let want = parts_expected();
+    let st =
+        candle_wick::source::SafetensorsShards::open([fixture("parts-st.safetensors")]).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let r = st.read_parts(i, &Parts::All, Vec::new()).unwrap();
+        let names: Vec<&str> = r.parts.iter().map(|(n, _)| n.as_str()).collect();
+        // Every tensor of one row per sample, sorted (`offsets` has N + 1).
+        assert_eq!(names, ["boxes", "ids", "labels", "mask"]);
+        let Some(Value::Array { dtype, shape, data }) = r.part("boxes") else {
+            panic!("boxes: {:?}", r.part("boxes"))
+        };
+        assert_eq!((dtype.as_str(), shape.as_slice()), ("F32", &[4, 4][..]));
+        let rows: Vec<f32> = data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want_rows: Vec<f32> = w["box_rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(f32s)
+            .collect();
+        assert_eq!(rows, want_rows);
+        let Some(Value::Array { dtype, shape, data }) = r.part("mask") else {
+            panic!("mask")
+        };
+        assert_eq!((dtype.as_str(), shape.as_slice()), ("U8", &[6, 8][..]));
+        let want_mask: Vec<u8> = w["mask_rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u8)
+            })
+            .collect();
+        assert_eq!(data, &want_mask);
+        let Some(Value::Array { dtype, data, .. }) = r.part("ids") else {
+            panic!("ids")
+        };
+        assert_eq!(dtype, "I64");
+        assert_eq!(
+            i64::from_le_bytes(data[..8].try_into().unwrap()),
+            w["id"].as_i64().unwrap()
+        );
+        assert_eq!(r.label as i64, w["label"].as_i64().unwrap());
+    }
+}
+
+#[test]
+fn file_list_columns_after_path_and_label_are_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a.png", "b.png"] {
+        std::fs::write(dir.path().join(name), b"x").unwrap();
+    }
+    let list = dir.path().join("list.csv");
+    std::fs::write(
+        &list,
+        "path,label,mask,caption\na.png,3,m/a.png,a cat\nb.png,1,m/b.png\n",
+    )
+    .unwrap();
+    let fl = candle_wick::source::FileList::new(&list).unwrap();
+    let r = fl.read_parts(0, &Parts::All, Vec::new()).unwrap();
+    assert_eq!(r.part("mask"), Some(&Value::Text("m/a.png".into())));
+    assert_eq!(r.part("caption"), Some(&Value::Text("a cat".into())));
+    let short = fl.read_parts(1, &Parts::All, Vec::new()).unwrap();
+    assert_eq!(short.part("mask"), Some(&Value::Text("m/b.png".into())));
+    assert_eq!(
+        short.part("caption"),
+        None,
+        "a short row's column is absent"
+    );
+    assert!(fl.read(0).unwrap().parts.is_empty());
+    // Without a header the columns are numbered.
+    std::fs::write(&list, "a.png,3,x\n").unwrap();
+    let fl = candle_wick::source::FileList::new(&list).unwrap();
+    let r = fl.read_parts(0, &Parts::All, Vec::new()).unwrap();
+    assert_eq!(r.part("col2"), Some(&Value::Text("x".into())));
 }

@@ -1,6 +1,6 @@
 //! CSV/TSV lists of `path,label`, the way many datasets ship their splits.
 
-use super::{labeled_key, read_labeled, Record, Source};
+use super::{labeled_key, read_labeled, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +43,11 @@ pub struct FileList {
     path: PathBuf,
     classes: Vec<String>,
     samples: Vec<(PathBuf, u32)>,
+    /// The names of the columns after path and label: the header's, or
+    /// `col2`, `col3`, ... without one.
+    columns: Vec<String>,
+    /// Each sample's columns after path and label, as written.
+    extra: Vec<Vec<String>>,
 }
 
 impl FileList {
@@ -68,6 +73,8 @@ impl FileList {
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut rows: Vec<(PathBuf, String, u64)> = Vec::new();
         let mut header_skipped = false;
+        let mut header: Vec<String> = Vec::new();
+        let mut extra: Vec<Vec<String>> = Vec::new();
         for (i, row) in reader.records().enumerate() {
             let row = row.map_err(|e| Error::FileList {
                 path: path.clone(),
@@ -82,6 +89,7 @@ impl FileList {
                     .is_some_and(|f| HEADER_NAMES.iter().any(|h| f.eq_ignore_ascii_case(h)))
             {
                 header_skipped = true;
+                header = row.iter().skip(2).map(str::to_string).collect();
                 continue;
             }
             let (Some(file), Some(label)) = (row.get(0), row.get(1)) else {
@@ -101,6 +109,7 @@ impl FileList {
                 });
             }
             rows.push((base.join(file), label.to_string(), line));
+            extra.push(row.iter().skip(2).map(str::to_string).collect());
         }
         let is_index = |l: &str| l.parse::<u32>().is_ok();
         // A header with other names (`image_name,label`): the first row's
@@ -111,6 +120,7 @@ impl FileList {
             && rows[1..].iter().all(|(_, l, _)| is_index(l))
         {
             rows.remove(0);
+            header = extra.remove(0);
         }
         if rows.is_empty() {
             return Err(Error::Dataset {
@@ -189,10 +199,22 @@ impl FileList {
                 .collect();
             (names.into_keys().collect(), samples)
         };
+        let width = extra.iter().map(Vec::len).max().unwrap_or(0);
+        let columns = (0..width)
+            .map(|c| {
+                header
+                    .get(c)
+                    .filter(|h| !h.is_empty())
+                    .cloned()
+                    .unwrap_or_else(|| format!("col{}", c + 2))
+            })
+            .collect();
         Ok(Self {
             path,
             classes,
             samples,
+            columns,
+            extra,
         })
     }
 
@@ -223,6 +245,21 @@ impl Source for FileList {
 
     fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
         read_labeled(&self.samples, index, bytes)
+    }
+
+    /// The columns after path and label, as [`Value::Text`] named by the
+    /// header (or `col2`, `col3`, ...); a short row's missing columns are
+    /// absent.
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let mut record = self.read_reusing(index, bytes)?;
+        for (name, value) in self.columns.iter().zip(&self.extra[index]) {
+            if parts.wants(name) {
+                record
+                    .parts
+                    .push((name.clone(), Value::Text(value.clone())));
+            }
+        }
+        Ok(record)
     }
 
     fn key(&self, index: usize) -> String {

@@ -64,6 +64,17 @@ pub enum Value {
     Float(Vec<f32>),
     /// Tokens (a window of a token file).
     Tokens(Vec<u32>),
+    /// One row of a tensor (a safetensors tensor of one row per sample):
+    /// its safetensors dtype name (`"F32"`, `"I64"`, ...), the row's shape
+    /// and its little-endian bytes.
+    Array {
+        /// The element type, as safetensors names it.
+        dtype: String,
+        /// The row's shape (the tensor's without its first dimension).
+        shape: Vec<usize>,
+        /// The row's bytes, little-endian.
+        data: Vec<u8>,
+    },
 }
 
 /// Which parts of a record a loader's map reads
@@ -163,6 +174,7 @@ impl Value {
             Value::Int64(_) => "an int64 list",
             Value::Float(_) => "a float list",
             Value::Tokens(_) => "tokens",
+            Value::Array { .. } => "a tensor row",
         }
     }
 }

@@ -11,7 +11,7 @@
 //! Labels may be any integer dtype; they are checked on open.
 
 use super::shards::{open_shard, shard_error, Cause, ShardSet};
-use super::{Damage, Record, ShardInfo, Source};
+use super::{Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{Error, Result};
 use crate::geometry::Size;
 use memmap2::Mmap;
@@ -39,6 +39,19 @@ struct Shard {
     map: Mmap,
     layout: HostLayout,
     labels: Vec<u32>,
+    /// Every tensor with a row per sample (`[N, ..]`), as named parts.
+    rows: Vec<Rows>,
+}
+
+/// A tensor of one row per sample: sample `n`'s row is
+/// `map[start + n * row_bytes..][..row_bytes]`.
+#[derive(Debug)]
+struct Rows {
+    name: String,
+    dtype: String,
+    shape: Vec<usize>,
+    start: usize,
+    row_bytes: usize,
 }
 
 /// A dataset of safetensors shards; see the module docs for the layouts.
@@ -204,10 +217,27 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
     } else {
         return Err(bad("neither `images` nor `encoded` tensor".into()));
     };
+    let mut rows: Vec<Rows> = meta
+        .tensors()
+        .into_iter()
+        .filter(|(_, info)| info.shape.first() == Some(&count) && info.dtype.bitsize() % 8 == 0)
+        .map(|(name, info)| {
+            let row_elems: usize = info.shape[1..].iter().product();
+            Rows {
+                name,
+                dtype: format!("{:?}", info.dtype),
+                shape: info.shape[1..].to_vec(),
+                start: data_start + info.data_offsets.0,
+                row_bytes: row_elems * info.dtype.bitsize() / 8,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Shard {
         map,
         layout,
         labels,
+        rows,
     })
 }
 
@@ -245,6 +275,30 @@ impl Source for SafetensorsShards {
                 Record::encoded(key, shard.map[start + a..start + b].to_vec(), label)
             }
         })
+    }
+
+    /// Every tensor with a row per sample (`[N, ..]`: `labels`, `images`
+    /// and any other) gives sample `n`'s row as [`Value::Array`], named as
+    /// the tensor.
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        drop(bytes);
+        let mut record = self.read(index)?;
+        if *parts == Parts::Default {
+            return Ok(record);
+        }
+        let (s, n) = self.set.locate(index)?;
+        let shard = &self.shards[s];
+        for r in shard.rows.iter().filter(|r| parts.wants(&r.name)) {
+            let at = r.start + n * r.row_bytes;
+            let data = shard.map[at..at + r.row_bytes].to_vec();
+            let value = Value::Array {
+                dtype: r.dtype.clone(),
+                shape: r.shape.clone(),
+                data,
+            };
+            record.parts.push((r.name.clone(), value));
+        }
+        Ok(record)
     }
 
     fn key(&self, index: usize) -> String {

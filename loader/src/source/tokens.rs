@@ -389,6 +389,8 @@ pub struct TokenSource {
 #[derive(Debug)]
 struct TokenInner {
     files: Vec<TokenFile>,
+    /// Each file's path as text, for the keys.
+    names: Vec<String>,
     /// The windows, planned for one rank (the loader shards).
     windows: TokenWindows,
     order: WindowOrder,
@@ -406,6 +408,10 @@ impl TokenSource {
         let windows = TokenWindows::new(lens, seq_len, order, 0, (0, 1))?;
         Ok(Self {
             inner: std::sync::Arc::new(TokenInner {
+                names: files
+                    .iter()
+                    .map(|f| f.path().display().to_string())
+                    .collect(),
                 files,
                 windows,
                 order,
@@ -473,7 +479,7 @@ impl Source for TokenSource {
     fn key(&self, index: usize) -> String {
         match (self.inner.order, self.inner.windows.fixed_window(index)) {
             (WindowOrder::NonOverlapping, Some(w)) => {
-                format!("{}@{}", self.inner.files[w.file].path().display(), w.token)
+                format!("{}@{}", self.inner.names[w.file], w.token)
             }
             _ => format!("window #{index}"),
         }

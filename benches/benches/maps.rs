@@ -1,0 +1,253 @@
+//! What a user map costs, from alternating rounds (as the overhead bench):
+//!
+//! 1. **A user map against the built-in image map.** The map is written
+//!    against the public blocks only (`ops::Resize::decode_into` with
+//!    `ops::RandomResizedCrop::draw` from `Sample::rng`, the class into a
+//!    `labels` field) and does what `train_transforms()` does:
+//!    RandomResizedCrop 224 + flip, u8 and normalized f32, batch 64, two
+//!    workers, on 500 ImageNet-like JPEGs (or the photos under
+//!    `WICK_PHOTOS`, an ImageFolder). Its batches are checked equal to the
+//!    built-in's first; the ratio of images/s is taken within each round.
+//! 2. **Token windows against the limit.** A `TokenSource` over a raw
+//!    `u16` file of 16 M tokens, seq_len 1024, batch 32, non-overlapping
+//!    windows: the loader's tokens/s against a bare loop on this thread
+//!    that copies the same windows (`seq_len + 1` tokens each) from the
+//!    memory map into one reused buffer.
+//!
+//! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. `WICK_BENCH_QUICK=1`
+//! (what CI runs) takes 120 images, 4 M tokens and 3
+//! rounds: a throughput line per change, too short for the claims.
+//!
+//! ```text
+//! cargo bench -p benches --bench maps
+//! ```
+
+use candle_wick::fields::{Field, FieldType};
+use candle_wick::map::{map_fn, Map, Sample};
+use candle_wick::ops::{RandomResizedCrop, Resize, Slot};
+use candle_wick::source::{ImageFolder, TokenFile, TokenSource, WindowOrder};
+use candle_wick::{Loader, Output, Size, IMAGENET_MEAN, IMAGENET_STD};
+use std::path::Path;
+use std::time::Instant;
+
+fn quick() -> bool {
+    std::env::var_os("WICK_BENCH_QUICK").is_some()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The built-in train transform, rebuilt from the public blocks.
+fn user_map(f32_out: bool) -> impl Map {
+    let size = Size::square(224);
+    let resize = if f32_out {
+        Resize::normalized(size, IMAGENET_MEAN, IMAGENET_STD)
+    } else {
+        Resize::new(size)
+    }
+    .expect("resize");
+    let rrc = RandomResizedCrop::default();
+    let image = if f32_out {
+        Field::new("images", FieldType::F32, &[3, 224, 224])
+    } else {
+        Field::new("images", FieldType::U8, &[224, 224, 3])
+    };
+    let fields = vec![image, Field::new("labels", FieldType::U32, &[])];
+    map_fn(fields, move |s: &mut Sample<'_>| {
+        let slot = if f32_out {
+            Slot::F32(s.take::<f32>(0)?)
+        } else {
+            Slot::U8(s.take::<u8>(0)?)
+        };
+        s.take::<u32>(1)?[0] = s.record().label;
+        let (r, rng) = (s.record(), s.rng());
+        let plan = |w, h| rrc.draw(&mut rng.clone(), w, h);
+        resize
+            .decode_into(s.scratch(), &r.key, &r.bytes, plan, slot)
+            .map(drop)
+    })
+}
+
+fn image_loaders(dir: &Path, f32_out: bool) -> (Loader, Loader) {
+    let output = if f32_out {
+        Output::imagenet()
+    } else {
+        Output::U8Nhwc
+    };
+    let src = || ImageFolder::new(dir).expect("bench folder");
+    let builtin = Loader::builder(src())
+        .batch_size(64)
+        .image_size(224)
+        .train_transforms()
+        .output(output)
+        .shuffle(0)
+        .workers(2)
+        .build()
+        .expect("built-in loader");
+    let user = Loader::builder(src())
+        .map(user_map(f32_out))
+        .batch_size(64)
+        .shuffle(0)
+        .workers(2)
+        .build()
+        .expect("user-map loader");
+    (builtin, user)
+}
+
+fn maps_against_builtin(dir: &Path, count: usize, rounds: usize) {
+    for f32_out in [false, true] {
+        let (mut builtin, mut user) = image_loaders(dir, f32_out);
+        // The same bytes first: the user map is the built-in's work.
+        let a = builtin.epoch(0).next().expect("a batch").expect("batch");
+        let b = user.epoch(0).next().expect("a batch").expect("batch");
+        let bits = |t: &candle_core::Tensor| {
+            let t = t.flatten_all().expect("flatten");
+            if f32_out {
+                t.to_vec1::<f32>()
+                    .expect("f32")
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            } else {
+                let v = t.to_vec1::<u8>().expect("u8");
+                v.iter().map(|&x| u32::from(x)).collect()
+            }
+        };
+        assert!(
+            bits(a.images().expect("images")) == bits(b.images().expect("images")),
+            "the user map's images differ from the built-in's"
+        );
+        let mut ratios = Vec::new();
+        let mut rates = [Vec::new(), Vec::new()];
+        for round in 0..=rounds {
+            let mut this = [0f64; 2];
+            for k in 0..2 {
+                let which = (k + round) % 2;
+                let l = if which == 0 { &mut builtin } else { &mut user };
+                let t = Instant::now();
+                let n: usize = l
+                    .epoch(round as u64 + 1)
+                    .map(|b| b.expect("batch").len())
+                    .sum();
+                assert_eq!(n, count);
+                this[which] = n as f64 / t.elapsed().as_secs_f64();
+            }
+            if round > 0 {
+                ratios.push(this[1] / this[0]);
+                rates[0].push(this[0]);
+                rates[1].push(this[1]);
+            }
+        }
+        let name = if f32_out { "f32" } else { "u8" };
+        println!(
+            "{name}: built-in {:.0} images/s, user map {:.0} images/s: user map = {:.1}% of the \
+             built-in (median of {rounds} rounds, same bytes)",
+            median(rates[0].clone()),
+            median(rates[1].clone()),
+            100.0 * median(ratios)
+        );
+    }
+}
+
+fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
+    const SEQ: usize = 1024;
+    let path = root.join(format!("tokens-{tokens}.bin"));
+    if std::fs::metadata(&path).map(|m| m.len()).ok() != Some(2 * tokens as u64) {
+        std::fs::create_dir_all(root).expect("bench data dir");
+        let bytes: Vec<u8> = (0..tokens)
+            .flat_map(|i| (((i * 2_654_435_761) % 50_257) as u16).to_le_bytes())
+            .collect();
+        std::fs::write(&path, bytes).expect("token file");
+    }
+    let src = TokenSource::new(
+        vec![TokenFile::open(&path).expect("token file")],
+        SEQ,
+        WindowOrder::NonOverlapping,
+    )
+    .expect("token source");
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let mut b = Loader::builder(src.clone())
+        .map(src.map())
+        .batch_size(env("WICK_TOKEN_BATCH").unwrap_or(32))
+        .shuffle(1);
+    if let Some(w) = env("WICK_TOKEN_WORKERS") {
+        b = b.workers(w).batches_in_flight(8).prefetch(8);
+    }
+    let mut loader = b.build().expect("token loader");
+    let mut buf = vec![0u32; SEQ + 1];
+    let mut ratios = Vec::new();
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..=rounds {
+        let epoch = round as u64;
+        let windows: Vec<usize> = loader.batches(epoch).into_iter().flatten().collect();
+        let mut this = [0f64; 2];
+        for k in 0..2 {
+            let which = (k + round) % 2;
+            let t = Instant::now();
+            if which == 0 {
+                for &i in &windows {
+                    let w = src.window(1, epoch, i).expect("window");
+                    src.files()[w.file]
+                        .read_into(w.token, &mut buf)
+                        .expect("read");
+                    std::hint::black_box(&buf);
+                }
+            } else {
+                let n: usize = loader
+                    .epoch(epoch)
+                    .map(|b| std::hint::black_box(b.expect("batch")).len())
+                    .sum();
+                assert_eq!(n, windows.len());
+            }
+            this[which] = (windows.len() * SEQ) as f64 / t.elapsed().as_secs_f64();
+        }
+        if round > 0 {
+            ratios.push(this[1] / this[0]);
+            rates[0].push(this[0]);
+            rates[1].push(this[1]);
+        }
+    }
+    println!(
+        "tokens (seq_len {SEQ}, batch 32, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
+         {:.0} M tokens/s ({} workers at the end): loader = {:.1}% of the bare loop (median of \
+         {rounds} rounds)",
+        median(rates[0].clone()) / 1e6,
+        median(rates[1].clone()) / 1e6,
+        loader.workers(),
+        100.0 * median(ratios)
+    );
+}
+
+fn main() {
+    let (count, tokens, rounds) = if quick() {
+        (120, 4 << 20, 3)
+    } else {
+        (500, 16 << 20, 9)
+    };
+    let root = benches::data_root();
+    let (dir, count) = match std::env::var_os("WICK_PHOTOS") {
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            let n = candle_wick::Source::len(&ImageFolder::new(&dir).expect("WICK_PHOTOS"));
+            (dir, n)
+        }
+        None => (
+            benches::imagenet_like(&root, count).expect("bench dataset"),
+            count,
+        ),
+    };
+    // `WICK_BENCH_ONLY=maps` or `tokens` runs one half (for profiling).
+    let only = std::env::var("WICK_BENCH_ONLY").unwrap_or_default();
+    if only != "tokens" {
+        maps_against_builtin(&dir, count, rounds);
+    }
+    if only != "maps" {
+        tokens_against_bare_loop(&root, tokens, rounds);
+    }
+}
