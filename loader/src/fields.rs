@@ -142,6 +142,8 @@ pub(crate) struct FieldLayout {
     pub(crate) offset: usize,
     /// For a padded field: the index of its `_len` field.
     pub(crate) len_field: Option<usize>,
+    /// Whether this is a padded field's `_len` field (the loader writes it).
+    pub(crate) by_loader: bool,
 }
 
 /// Region alignment in a packed buffer: enough for every element type and
@@ -225,8 +227,12 @@ impl Schema {
                 sample_bytes,
                 offset,
                 len_field,
+                by_loader: false,
             });
             offset += region;
+        }
+        for l in out.iter().filter_map(|f| f.len_field).collect::<Vec<_>>() {
+            out[l].by_loader = true;
         }
         Ok(Self {
             batch,

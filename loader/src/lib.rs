@@ -44,7 +44,14 @@
 //!   [`source::FileList`] (CSV/TSV), [`source::MemorySource`], and shards
 //!   ([`source::TfRecord`], [`source::WebDataset`] tar,
 //!   [`source::SafetensorsShards`]), read at random or streamed
-//!   ([`LoaderBuilder::interleave`]); the [`Source`] trait for your own.
+//!   ([`LoaderBuilder::interleave`]), language-model token files
+//!   ([`source::TokenSource`]); records carry named parts
+//!   ([`source::Record::parts`]); the [`Source`] trait for your own.
+//! - [`map`]: the per-sample function, [`map::Map`] or a closure through
+//!   [`map::map_fn`] ([`LoaderBuilder::map`]), writing the batch's
+//!   [`fields`] in place; the built-in [`map::ImageClassification`] is one.
+//! - [`ops`]: the image map's building blocks, for your own maps (crops,
+//!   decode-and-resize into a slot, label maps, nearest resampling).
 //! - [`write`](mod@write): shard writers of one shape, and [`write::convert`] (what
 //!   `wick convert` runs).
 //! - [`stats`]: what a loader measured ([`stats::Stats`], its report and
@@ -67,7 +74,7 @@
 //!   [`stats::Stats::verdict`] say whether it starved and why.
 //! - **Bad input**: a missing, empty or corrupt file is an error naming it,
 //!   or, with [`BadSamples::Skip`], left out and listed; panics in sources
-//!   or transforms become errors; decoders run with size limits.
+//!   or maps become errors; decoders run with size limits.
 //!
 //! ## Feature flags
 //!

@@ -194,22 +194,12 @@ impl<'a> Sample<'a> {
         slots: impl Iterator<Item = &'a mut [u8]>,
         scratch: &'a mut Scratch,
     ) -> Self {
-        let by_loader: Vec<bool> = {
-            let mut v = vec![false; fields.len()];
-            for f in fields {
-                if let Some(l) = f.len_field {
-                    v[l] = true;
-                }
-            }
-            v
-        };
         let out = slots
             .zip(fields)
-            .zip(by_loader)
-            .map(|((bytes, f), by_loader)| Out {
+            .map(|(bytes, f)| Out {
                 bytes: Some(bytes),
                 dtype: f.field.dtype,
-                by_loader,
+                by_loader: f.by_loader,
             })
             .collect();
         Self {
@@ -218,7 +208,8 @@ impl<'a> Sample<'a> {
             index,
             seed,
             out,
-            lens: vec![None; fields.len()],
+            // Grown by the first `set_len` (most maps have no padded field).
+            lens: Vec::new(),
             scratch,
             times: None,
         }
@@ -299,6 +290,9 @@ impl<'a> Sample<'a> {
     /// into its `_len` field. An error for a fixed field or a count over
     /// the maximum.
     pub fn set_len(&mut self, field: usize, items: usize) -> Result<()> {
+        if self.lens.len() < self.out.len() {
+            self.lens.resize(self.out.len(), None);
+        }
         self.lens
             .get_mut(field)
             .map(|l| *l = Some(items))
@@ -342,7 +336,7 @@ pub(crate) fn pad_fields(
             reason,
             source: None,
         };
-        let items = lens[i].ok_or_else(|| {
+        let items = lens.get(i).copied().flatten().ok_or_else(|| {
             bad(format!(
                 "the map did not set_len padded field {:?} (0 to {max} items)",
                 f.field.name

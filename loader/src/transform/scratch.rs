@@ -7,11 +7,11 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-/// Buffers reused across samples, so steady-state work allocates nothing
-/// of its own: one per active decode worker in the loader (a
-/// [`ScratchPool`]), one per thread for direct calls of
-/// [`ImageTransform::apply`]. A map gets its worker's from
-/// [`Sample::scratch`](crate::map::Sample::scratch) for [`crate::ops`].
+/// Decode and resample buffers reused across samples, so steady-state work
+/// allocates nothing of its own: the loader keeps one per active worker
+/// (and counts it in the RAM budget). A map gets its worker's from
+/// [`Sample::scratch`](crate::map::Sample::scratch) for [`crate::ops`];
+/// `Scratch::default()` makes one for use outside a loader.
 #[derive(Default)]
 pub struct Scratch {
     pub(super) resampler: Resampler,
