@@ -23,7 +23,7 @@
 //! ```
 
 use candle_wick::fields::{Field, FieldType};
-use candle_wick::map::{map_fn, Map, Sample};
+use candle_wick::map::{map_fn, Map, Sample, TokenWindowsMap};
 use candle_wick::ops::{RandomResizedCrop, Resize, Slot};
 use candle_wick::source::{ImageFolder, TokenFile, TokenSource, WindowOrder};
 use candle_wick::{Loader, Output, Size, IMAGENET_MEAN, IMAGENET_STD};
@@ -173,7 +173,7 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
             .and_then(|v| v.parse::<usize>().ok())
     };
     let mut b = Loader::builder(src.clone())
-        .map(src.map())
+        .map(TokenWindowsMap::new(&src))
         .batch_size(env("WICK_TOKEN_BATCH").unwrap_or(32))
         .shuffle(1);
     if let Some(w) = env("WICK_TOKEN_WORKERS") {

@@ -16,6 +16,7 @@
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
+use candle_wick::map::TokenWindowsMap;
 use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
 use candle_wick::{Loader, Result};
 use std::path::Path;
@@ -74,7 +75,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<Vec<_>>>()?;
     let source = TokenSource::new(files, SEQ, WindowOrder::NonOverlapping)?;
     let mut loader = Loader::builder(source.clone())
-        .map(source.map())
+        .map(TokenWindowsMap::new(&source))
         .batch_size(BATCH)
         .shuffle(1337)
         .build()?;

@@ -156,7 +156,6 @@ pub(crate) struct Schema {
     pub(crate) batch: usize,
     pub(crate) fields: Vec<FieldLayout>,
     /// Bytes of a packed buffer holding every region.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) packed_bytes: usize,
     /// Whether a field is padded (the workers then pad after the map).
     pub(crate) padded: bool,

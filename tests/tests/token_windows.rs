@@ -4,6 +4,7 @@
 //! disjoint equal shares, random windows are reproducible, and a bad token
 //! file is an error naming it.
 
+use candle_wick::map::TokenWindowsMap;
 use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
 use candle_wick::{Loader, Result, Source};
 use std::collections::HashSet;
@@ -53,7 +54,7 @@ fn run(
     epoch: u64,
 ) -> Vec<(usize, Vec<u32>, Vec<u32>)> {
     let mut loader = Loader::builder(src.clone())
-        .map(src.map())
+        .map(TokenWindowsMap::new(src))
         .batch_size(8)
         .shuffle(5)
         .shard(rank, world)

@@ -9,15 +9,17 @@ use crate::source::TokenSource;
 /// Writes fields `input` and `target` (`u32 [seq_len]` each) of a
 /// [`TokenSource`]'s window: tokens `start..start + seq_len` and
 /// `start + 1..start + 1 + seq_len`, widened from the file's `u16`.
-/// Made by [`TokenSource::map`].
 #[derive(Debug, Clone)]
 pub struct TokenWindowsMap {
     source: TokenSource,
 }
 
 impl TokenWindowsMap {
-    pub(crate) fn new(source: TokenSource) -> Self {
-        Self { source }
+    /// The map of `source`'s windows (give the loader the same source).
+    pub fn new(source: &TokenSource) -> Self {
+        Self {
+            source: source.clone(),
+        }
     }
 }
 

@@ -397,7 +397,12 @@ impl LoaderBuilder {
         } else {
             workers
         };
-        let batch_bytes = schema.batch_bytes() as u64;
+        // Page-locked buffers hold every region at its aligned offset.
+        let batch_bytes = if self.device.is_cuda() {
+            schema.packed_bytes
+        } else {
+            schema.batch_bytes()
+        } as u64;
         let budget = self.ram_budget.unwrap_or_else(default_budget);
         let knobs = Knobs {
             gate: Gate::new(workers),

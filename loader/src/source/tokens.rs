@@ -361,16 +361,17 @@ impl TokenWindows {
 /// the `k`-th non-overlapping window of `seq_len + 1` tokens over the
 /// files, in order ([`TokenWindows::fixed_window`]). The loader's sampler
 /// shuffles, batches and shards them like any source's samples; its map
-/// ([`TokenSource::map`]) writes `input` and `target` straight from the
-/// memory maps.
+/// ([`TokenWindowsMap`](crate::map::TokenWindowsMap)) writes `input` and
+/// `target` straight from the memory maps.
 ///
 /// ```no_run
+/// use candle_wick::map::TokenWindowsMap;
 /// use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
 /// use candle_wick::Loader;
 /// # fn main() -> candle_wick::Result<()> {
 /// let tokens = TokenSource::new(vec![TokenFile::open("train.bin")?], 1024, WindowOrder::NonOverlapping)?;
 /// let mut loader = Loader::builder(tokens.clone())
-///     .map(tokens.map())
+///     .map(TokenWindowsMap::new(&tokens))
 ///     .batch_size(32)
 ///     .shuffle(1337)
 ///     .build()?;
@@ -437,12 +438,6 @@ impl TokenSource {
             WindowOrder::NonOverlapping => w.fixed_window(index).expect("index checked"),
             WindowOrder::Random => w.random_window_seeded(seed, epoch, index),
         })
-    }
-
-    /// The map that writes fields `input` and `target`, `u32 [seq_len]`
-    /// each, the target being the input shifted by one token.
-    pub fn map(&self) -> crate::map::TokenWindowsMap {
-        crate::map::TokenWindowsMap::new(self.clone())
     }
 }
 
