@@ -364,6 +364,82 @@ mod tests {
     }
 
     #[test]
+    fn resize_reports_its_geometry_and_refuses_a_crop_outside_the_image() {
+        let img =
+            image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([x as u8 * 6, y as u8 * 8, 9]));
+        let mut png = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut png, image::ImageFormat::Png).unwrap();
+        let png = png.into_inner();
+        let resize = Resize::new(Size::new(8, 6)).unwrap();
+        let mut scratch = Scratch::default();
+        let mut out = vec![0u8; resize.slot_len()];
+        let crop = Crop {
+            left: 4.0,
+            top: 2.0,
+            width: 20.0,
+            height: 15.0,
+        };
+        let done = resize
+            .decode_into(
+                &mut scratch,
+                "k",
+                &png,
+                |_, _| (crop, true),
+                Slot::U8(&mut out),
+            )
+            .unwrap();
+        assert_eq!(
+            done,
+            Resized {
+                image: Size::new(40, 30),
+                crop,
+                flip: true
+            }
+        );
+        // The same crop of the decoded pixels gives the same bytes.
+        let mut again = vec![0u8; resize.slot_len()];
+        let rgb = img.into_raw();
+        resize
+            .resample_into(
+                &mut scratch,
+                "k",
+                &rgb,
+                Size::new(40, 30),
+                crop,
+                true,
+                Slot::U8(&mut again),
+            )
+            .unwrap();
+        assert_eq!(out, again);
+        let outside = Crop { left: 30.0, ..crop };
+        let e = resize
+            .decode_into(
+                &mut scratch,
+                "k.png",
+                &png,
+                |_, _| (outside, false),
+                Slot::U8(&mut out),
+            )
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("k.png") && e.to_string().contains("not inside"),
+            "{e}"
+        );
+        let e = resize
+            .resample_into(
+                &mut scratch,
+                "k",
+                &rgb,
+                Size::new(40, 30),
+                outside,
+                false,
+                Slot::U8(&mut out),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("not inside"), "{e}");
+    }
+
+    #[test]
     fn label_maps_decode_as_indices_and_colour_is_refused() {
         let (w, h) = (5u32, 3u32);
         for depth in [png::BitDepth::One, png::BitDepth::Two, png::BitDepth::Eight] {
