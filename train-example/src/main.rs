@@ -12,7 +12,7 @@ mod shapes;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use candle_wick::source::ImageFolder;
-use candle_wick::{Loader, Transforms};
+use candle_wick::{Loader, Setting, Transforms};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -128,8 +128,8 @@ fn main() -> Res<()> {
         Loader::builder(src)
             .batch_size(args.batch_size)
             .image_size(args.image_size)
-            .workers(workers)
-            .prefetch(args.prefetch)
+            .workers(Setting::auto_if_zero(workers))
+            .prefetch(Setting::auto_if_zero(args.prefetch))
             .device(device.clone())
     };
     let train_tf = if args.data.is_none() {

@@ -38,6 +38,17 @@ pub enum Setting {
 /// [`Setting::Auto`], named as tf.data names it.
 pub const AUTOTUNE: Setting = Setting::Auto;
 
+impl Setting {
+    /// The command-line convention: `0` is AUTOTUNE, any other number that
+    /// many (what `wick --workers 0` and the training example's flags mean).
+    pub fn auto_if_zero(n: usize) -> Self {
+        match n {
+            0 => AUTOTUNE,
+            n => Setting::Fixed(n),
+        }
+    }
+}
+
 impl From<usize> for Setting {
     fn from(n: usize) -> Self {
         Setting::Fixed(n)

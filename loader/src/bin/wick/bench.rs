@@ -3,7 +3,7 @@
 //! fixed settings against AUTOTUNE.
 
 use candle_wick::stats::Stats;
-use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms, AUTOTUNE};
+use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms};
 use clap::ValueEnum;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -197,9 +197,9 @@ pub(crate) fn bench_with(
     let mut builder = Loader::builder(source)
         .batch_size(a.batch_size)
         .image_size(a.image_size)
-        .workers(setting(workers))
-        .prefetch(setting(prefetch))
-        .batches_in_flight(setting(in_flight))
+        .workers(Setting::auto_if_zero(workers))
+        .prefetch(Setting::auto_if_zero(prefetch))
+        .batches_in_flight(Setting::auto_if_zero(in_flight))
         .transforms(transforms)
         .output(output)
         .shuffle(0);
@@ -388,13 +388,5 @@ pub(crate) fn print_text(r: &Report, autotune: bool) {
     match r.peak_rss_mb {
         Some(mb) => println!("peak RSS: {mb:.0} MB"),
         None => println!("peak RSS: not available on this platform"),
-    }
-}
-
-/// The command line's `0`: AUTOTUNE.
-fn setting(n: usize) -> Setting {
-    match n {
-        0 => AUTOTUNE,
-        n => Setting::Fixed(n),
     }
 }
