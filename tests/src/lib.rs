@@ -81,14 +81,19 @@ pub fn fake_shards(count: usize, records: usize) -> Vec<candle_wick::source::Sha
         .collect()
 }
 
-/// A `u8` batch's images, flattened.
-pub fn pixels(b: &candle_wick::Batch) -> Vec<u8> {
-    b.images()
+/// A batch's `u8` field `name`, flattened.
+pub fn u8_field(b: &candle_wick::Batch, name: &str) -> Vec<u8> {
+    b.get(name)
         .unwrap()
         .flatten_all()
         .unwrap()
         .to_vec1::<u8>()
         .unwrap()
+}
+
+/// A `u8` batch's images, flattened.
+pub fn pixels(b: &candle_wick::Batch) -> Vec<u8> {
+    u8_field(b, "images")
 }
 
 /// A batch's class labels.

@@ -85,20 +85,8 @@ fn a_segmentation_map_keeps_image_and_mask_aligned_for_any_worker_count() {
     let one = epoch(dir.path(), 1, 2);
     let (mut interior, mut agree, mut flipped_classes) = (0, 0, 0);
     for b in &one {
-        let px = b
-            .get("image")
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<u8>()
-            .unwrap();
-        let mask = b
-            .get("mask")
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<u8>()
-            .unwrap();
+        let px = tests::u8_field(b, "image");
+        let mask = tests::u8_field(b, "mask");
         let (w, h) = (OUT.width, OUT.height);
         for s in 0..b.len() {
             for y in 1..h - 1 {
@@ -131,9 +119,7 @@ fn a_segmentation_map_keeps_image_and_mask_aligned_for_any_worker_count() {
         for (a, b) in one.iter().zip(&other) {
             assert_eq!(a.keys, b.keys);
             for f in ["image", "mask"] {
-                let (x, y) = (a.get(f).unwrap(), b.get(f).unwrap());
-                let x = x.flatten_all().unwrap().to_vec1::<u8>().unwrap();
-                let y = y.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                let (x, y) = (tests::u8_field(a, f), tests::u8_field(b, f));
                 assert!(
                     x == y,
                     "{f} of batch {} differs with {workers} workers",
@@ -144,20 +130,10 @@ fn a_segmentation_map_keeps_image_and_mask_aligned_for_any_worker_count() {
     }
     // Another epoch draws other crops.
     let next = epoch(dir.path(), 1, 3);
-    assert!(next.iter().zip(&one).any(|(a, b)| {
-        a.get("mask")
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<u8>()
-            .unwrap()
-            != b.get("mask")
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<u8>()
-                .unwrap()
-    }));
+    assert!(next
+        .iter()
+        .zip(&one)
+        .any(|(a, b)| tests::u8_field(a, "mask") != tests::u8_field(b, "mask")));
 }
 
 fn records(n: usize) -> MemorySource {
