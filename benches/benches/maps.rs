@@ -14,7 +14,11 @@
 //!    that copies the same windows (`seq_len + 1` tokens each) from the
 //!    memory map into one reused buffer.
 //!
-//! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. `WICK_BENCH_QUICK=1`
+//! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. For profiling the
+//! token loader: `WICK_TOKEN_BATCH` (default 32), `WICK_TOKEN_WORKERS`
+//! (fixed workers, with `WICK_TOKEN_IN_FLIGHT` and `WICK_TOKEN_PREFETCH`,
+//! default 8 each; AUTOTUNE without it) and `WICK_TOKEN_TRACE=out.json`
+//! (the loader's Chrome trace). `WICK_BENCH_QUICK=1`
 //! (what CI runs) takes 120 images, 4 M tokens and 3
 //! rounds: a throughput line per change, too short for the claims.
 //!
@@ -172,14 +176,19 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
     };
+    let batch = env("WICK_TOKEN_BATCH").unwrap_or(32);
     let mut b = Loader::builder(src.clone())
         .map(TokenWindowsMap::new(&src))
-        .batch_size(env("WICK_TOKEN_BATCH").unwrap_or(32))
+        .batch_size(batch)
         .shuffle(1);
     if let Some(w) = env("WICK_TOKEN_WORKERS") {
-        b = b.workers(w).batches_in_flight(8).prefetch(8);
+        b = b
+            .workers(w)
+            .batches_in_flight(env("WICK_TOKEN_IN_FLIGHT").unwrap_or(8))
+            .prefetch(env("WICK_TOKEN_PREFETCH").unwrap_or(8));
     }
-    let mut loader = b.build().expect("token loader");
+    let trace = std::env::var_os("WICK_TOKEN_TRACE");
+    let mut loader = b.trace(trace.is_some()).build().expect("token loader");
     let mut buf = vec![0u32; SEQ + 1];
     let mut ratios = Vec::new();
     let mut rates = [Vec::new(), Vec::new()];
@@ -213,10 +222,14 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
             rates[1].push(this[1]);
         }
     }
+    if let (Some(path), Some(trace)) = (trace, loader.trace()) {
+        trace.write_chrome_json(path).expect("writing the trace");
+    }
     println!(
-        "tokens (seq_len {SEQ}, batch 32, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
+        "tokens (seq_len {SEQ}, batch {}, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
          {:.0} M tokens/s ({} workers at the end): loader = {:.1}% of the bare loop (median of \
          {rounds} rounds)",
+        batch,
         median(rates[0].clone()) / 1e6,
         median(rates[1].clone()) / 1e6,
         loader.workers(),

@@ -24,6 +24,9 @@ struct State<B> {
     out: usize,
     /// Buffers a keeping pool made (all kept).
     kept: usize,
+    /// Threads blocked in `acquire`: a release wakes them only when there
+    /// are any (a wake-up is a system call, once per batch otherwise).
+    waiting: usize,
 }
 
 /// Makes one buffer (zeroed host memory, or page-locked memory: the device
@@ -71,6 +74,7 @@ impl<B> Pool<B> {
                 kept: free.len(),
                 free,
                 out: 0,
+                waiting: 0,
             }),
             cv: Condvar::new(),
         })
@@ -107,7 +111,9 @@ impl<B> Pool<B> {
                 }
                 return Some(buf);
             }
+            st.waiting += 1;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
     }
 
@@ -123,8 +129,11 @@ impl<B> Pool<B> {
         if let Some(b) = buf {
             st.free.push(b);
         }
+        let wake = st.waiting > 0;
         drop(st);
-        self.cv.notify_all();
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     /// Changes how many buffers may be out at once (AUTOTUNE). Ordinary

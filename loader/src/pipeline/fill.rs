@@ -4,7 +4,7 @@
 
 use super::epoch::Skipped;
 use super::feed::PreRead;
-use super::worker::process;
+use super::worker::{process, Worker};
 use super::{panic_message, safe_key, Filled, HostBatch, Msg, Shared};
 use crate::device::HostBuf;
 use crate::error::{Error, Result};
@@ -115,6 +115,11 @@ impl SlotTable {
         self.slots.len() / self.fields.max(1)
     }
 
+    /// Whether every sample has been claimed.
+    fn claimed_all(&self) -> bool {
+        self.next.load(Ordering::Relaxed) >= self.len()
+    }
+
     /// The next sample nobody has claimed, in order; `None` once all are.
     fn claim(&self) -> Option<Claimed<'_>> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
@@ -223,9 +228,16 @@ impl Filling {
         &self.plan.order[self.plan.batches[self.index].clone()]
     }
 
-    /// Claims and processes samples until none are left to claim.
+    /// Claims and processes samples until none are left to claim, as one
+    /// worker (one gate pass and one scratch for the whole run); the run
+    /// that releases the last sample hands the batch over.
     pub(super) fn run(&self) {
+        if self.table.claimed_all() {
+            // The other runners took every sample: no need to wait for a pass.
+            return;
+        }
         let indices = self.indices();
+        let mut worker = Worker::enter(&self.shared);
         while let Some(mut claim) = self.table.claim() {
             let j = claim.index();
             let pre = crate::lock(&self.pre[j]).take();
@@ -236,7 +248,7 @@ impl Filling {
             // has no panic handler).
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 process(
-                    shared,
+                    &mut worker,
                     self.epoch,
                     indices[j],
                     &mut claim,
@@ -253,7 +265,12 @@ impl Filling {
             });
             *crate::lock(&self.outcomes[j]) = Some(outcome);
             if claim.release() {
+                // The last sample: nothing is left to claim. The pass and
+                // scratch go back first, so no worker holds a gate pass
+                // while it sends to the uploader.
+                drop(worker);
                 self.complete();
+                return;
             }
         }
     }

@@ -117,14 +117,17 @@ impl Shared {
 /// while a consumer held the epoch without taking batches.)
 #[derive(Debug, Default)]
 struct Room {
-    lock: Mutex<()>,
+    /// How many threads wait (a notify with none waiting makes no system
+    /// call).
+    lock: Mutex<usize>,
     cv: Condvar,
 }
 
 impl Room {
     fn notify(&self) {
-        let _guard = crate::lock(&self.lock);
-        self.cv.notify_all();
+        if *crate::lock(&self.lock) > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Waits while `full()` holds, with no timeout: every change to what
@@ -136,7 +139,9 @@ impl Room {
     fn wait_while(&self, mut full: impl FnMut() -> bool) {
         let mut guard = crate::lock(&self.lock);
         while full() {
+            *guard += 1;
             guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+            *guard -= 1;
         }
     }
 }

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::map::{pad_fields, Sample};
 use crate::source::Record;
 use crate::stats::trace::LANE_DECODE;
+use crate::transform::PooledScratch;
+use crate::tune::GatePass;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -55,10 +57,33 @@ pub(super) fn fill_cache(
     Ok(record)
 }
 
+/// What one worker holds while it runs a batch's samples: the worker
+/// gate's pass and a scratch (taken after the pass, so the scratch held is
+/// the active workers'). Taken once per run of samples, not per sample:
+/// for a cheap map (a token window is a 4 KiB copy) the gate's lock and
+/// wake-up and the scratch pool's lock cost more than the sample.
+pub(super) struct Worker<'a> {
+    shared: &'a Shared,
+    _pass: GatePass<'a>,
+    pub(super) scratch: PooledScratch<'a>,
+}
+
+impl<'a> Worker<'a> {
+    /// Waits for a place in the worker gate, then takes a scratch.
+    pub(super) fn enter(shared: &'a Shared) -> Self {
+        let pass = shared.knobs.gate.enter();
+        Self {
+            shared,
+            _pass: pass,
+            scratch: shared.knobs.budget.scratch.take(shared.knobs.gate.limit()),
+        }
+    }
+}
+
 /// Reads sample `index` and runs the loader's map on it, into the
-/// claimed sample's slots.
+/// claimed sample's slots, as `worker`.
 pub(super) fn process(
-    shared: &Shared,
+    worker: &mut Worker<'_>,
     epoch: u64,
     index: usize,
     claim: &mut Claimed<'_>,
@@ -68,13 +93,8 @@ pub(super) fn process(
     if cancel.load(Ordering::Relaxed) {
         return Outcome::Cancelled;
     }
-    let _pass = shared.knobs.gate.enter();
-    // Again: the wait for a worker slot may have outlasted the epoch.
-    if cancel.load(Ordering::Relaxed) {
-        return Outcome::Cancelled;
-    }
-    // Taken after the gate, so the scratch held is the active workers'.
-    let mut scratch = shared.knobs.budget.scratch.take(shared.knobs.gate.limit());
+    let shared = worker.shared;
+    let scratch = &mut worker.scratch;
     let start = Instant::now();
     let run = || -> Result<String, (Option<String>, Error)> {
         let t0 = Instant::now();
@@ -109,7 +129,7 @@ pub(super) fn process(
         let (lens, times) = {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
-            let mut sample = Sample::new(&record, id, &schema.fields, slots, &mut scratch);
+            let mut sample = Sample::new(&record, id, &schema.fields, slots, scratch);
             let mapped = shared.map.map(&mut sample);
             let left = sample.finish();
             mapped.map_err(|e| (Some(record.key.clone()), e))?;

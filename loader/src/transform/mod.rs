@@ -7,8 +7,8 @@ mod scratch;
 mod write;
 
 pub use scratch::Scratch;
-pub(crate) use scratch::ScratchPool;
 use scratch::SCRATCH;
+pub(crate) use scratch::{PooledScratch, ScratchPool};
 
 use crate::decode::Decoded;
 use crate::error::{Error, Result};

@@ -67,8 +67,9 @@ impl Scratch {
     }
 }
 
-/// The loader's decode scratch: one [`Scratch`] per sample being worked
-/// on, taken after the worker gate and given back after the sample, so
+/// The loader's decode scratch: one [`Scratch`] per worker running a
+/// batch's samples, taken after the worker gate and given back when the
+/// worker has no sample of the batch left to claim, so
 /// the scratch held is the active workers' (the gate's limit), not one per
 /// pool thread, and what is held is what is counted in the RAM budget.
 #[derive(Default)]

@@ -66,8 +66,17 @@ pub(crate) const MAX_QUEUE: usize = 8;
 /// A counting gate: at most `limit` holders at once (the active workers).
 #[derive(Debug)]
 pub(crate) struct Gate {
-    state: Mutex<(usize, usize)>,
+    state: Mutex<GateState>,
     cv: Condvar,
+}
+
+#[derive(Debug)]
+struct GateState {
+    limit: usize,
+    active: usize,
+    /// Threads blocked in `enter`: a pass given back wakes one only when
+    /// there are any (a wake-up is a system call).
+    waiting: usize,
 }
 
 /// Holds a place in a [`Gate`] until dropped (`None`: a nested entry on a
@@ -87,8 +96,13 @@ impl Drop for GatePass<'_> {
     fn drop(&mut self) {
         if let Some(gate) = self.0 {
             HOLDS_PASS.with(|h| h.set(false));
-            gate.lock().1 -= 1;
-            gate.cv.notify_one();
+            let mut st = gate.lock();
+            st.active -= 1;
+            let wake = st.waiting > 0;
+            drop(st);
+            if wake {
+                gate.cv.notify_one();
+            }
         }
     }
 }
@@ -96,12 +110,16 @@ impl Drop for GatePass<'_> {
 impl Gate {
     pub(crate) fn new(limit: usize) -> Self {
         Self {
-            state: Mutex::new((limit.max(1), 0)),
+            state: Mutex::new(GateState {
+                limit: limit.max(1),
+                active: 0,
+                waiting: 0,
+            }),
             cv: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, (usize, usize)> {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
         crate::lock(&self.state)
     }
 
@@ -113,20 +131,22 @@ impl Gate {
             return GatePass(None);
         }
         let mut st = self.lock();
-        while st.1 >= st.0 {
+        while st.active >= st.limit {
+            st.waiting += 1;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
-        st.1 += 1;
+        st.active += 1;
         HOLDS_PASS.with(|h| h.set(true));
         GatePass(Some(self))
     }
 
     pub(crate) fn limit(&self) -> usize {
-        self.lock().0
+        self.lock().limit
     }
 
     pub(crate) fn set_limit(&self, n: usize) {
-        self.lock().0 = n.max(1);
+        self.lock().limit = n.max(1);
         self.cv.notify_all();
     }
 }
@@ -333,8 +353,8 @@ mod tests {
         // rayon running another sample inside this one, on this thread.
         let inner = gate.enter();
         drop(inner);
-        assert_eq!(gate.lock().1, 1, "the nested entry took no place");
+        assert_eq!(gate.lock().active, 1, "the nested entry took no place");
         drop(outer);
-        assert_eq!(gate.lock().1, 0);
+        assert_eq!(gate.lock().active, 0);
     }
 }
