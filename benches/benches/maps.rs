@@ -12,7 +12,9 @@
 //!    `u16` file of 16 M tokens, seq_len 1024, batch 32, non-overlapping
 //!    windows: the loader's tokens/s against a bare loop on this thread
 //!    that copies the same windows (`seq_len + 1` tokens each) from the
-//!    memory map into one reused buffer.
+//!    memory map into one reused buffer; and, for reference, against a loop
+//!    on this thread that builds each batch's `input` and `target` tensors
+//!    from the same windows (as nanoGPT's `get_batch` does).
 //!
 //! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. For profiling the
 //! token loader: `WICK_TOKEN_BATCH` (default 32), `WICK_TOKEN_WORKERS`
@@ -190,50 +192,84 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
     let trace = std::env::var_os("WICK_TOKEN_TRACE");
     let mut loader = b.trace(trace.is_some()).build().expect("token loader");
     let mut buf = vec![0u32; SEQ + 1];
-    let mut ratios = Vec::new();
-    let mut rates = [Vec::new(), Vec::new()];
+    // Per round: the bare loop (the limit), the loader, and a loop on this
+    // thread that builds each batch's `input` and `target` tensors itself
+    // (what nanoGPT's `get_batch` does), for reference.
+    let mut ratios = [Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new(), Vec::new()];
     for round in 0..=rounds {
         let epoch = round as u64;
-        let windows: Vec<usize> = loader.batches(epoch).into_iter().flatten().collect();
-        let mut this = [0f64; 2];
-        for k in 0..2 {
-            let which = (k + round) % 2;
+        let plan = loader.batches(epoch);
+        let windows: Vec<usize> = plan.iter().flatten().copied().collect();
+        let mut this = [0f64; 3];
+        for k in 0..3 {
+            let which = (k + round) % 3;
             let t = Instant::now();
-            if which == 0 {
-                for &i in &windows {
-                    let w = src.window(1, epoch, i).expect("window");
-                    src.files()[w.file]
-                        .read_into(w.token, &mut buf)
-                        .expect("read");
-                    std::hint::black_box(&buf);
+            match which {
+                0 => {
+                    for &i in &windows {
+                        let w = src.window(1, epoch, i).expect("window");
+                        src.files()[w.file]
+                            .read_into(w.token, &mut buf)
+                            .expect("read");
+                        std::hint::black_box(&buf);
+                    }
                 }
-            } else {
-                let n: usize = loader
-                    .epoch(epoch)
-                    .map(|b| std::hint::black_box(b.expect("batch")).len())
-                    .sum();
-                assert_eq!(n, windows.len());
+                1 => {
+                    let n: usize = loader
+                        .epoch(epoch)
+                        .map(|b| std::hint::black_box(b.expect("batch")).len())
+                        .sum();
+                    assert_eq!(n, windows.len());
+                }
+                _ => {
+                    for indices in &plan {
+                        let n = indices.len();
+                        let (mut input, mut target) = (vec![0u32; n * SEQ], vec![0u32; n * SEQ]);
+                        for (j, &i) in indices.iter().enumerate() {
+                            let w = src.window(1, epoch, i).expect("window");
+                            let file = &src.files()[w.file];
+                            let rows = j * SEQ..(j + 1) * SEQ;
+                            file.read_into(w.token, &mut input[rows.clone()])
+                                .expect("read");
+                            file.read_into(w.token + 1, &mut target[rows])
+                                .expect("read");
+                        }
+                        let dev = &candle_core::Device::Cpu;
+                        let x = candle_core::Tensor::from_vec(input, (n, SEQ), dev).expect("x");
+                        let y = candle_core::Tensor::from_vec(target, (n, SEQ), dev).expect("y");
+                        std::hint::black_box((x, y));
+                    }
+                }
             }
             this[which] = (windows.len() * SEQ) as f64 / t.elapsed().as_secs_f64();
         }
         if round > 0 {
-            ratios.push(this[1] / this[0]);
-            rates[0].push(this[0]);
-            rates[1].push(this[1]);
+            ratios[0].push(this[1] / this[0]);
+            ratios[1].push(this[1] / this[2]);
+            for (r, v) in rates.iter_mut().zip(this) {
+                r.push(v);
+            }
         }
     }
     if let (Some(path), Some(trace)) = (trace, loader.trace()) {
         trace.write_chrome_json(path).expect("writing the trace");
     }
+    let m = |v: &[f64]| median(v.to_vec());
     println!(
-        "tokens (seq_len {SEQ}, batch {}, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
+        "tokens (seq_len {SEQ}, batch {batch}, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
          {:.0} M tokens/s ({} workers at the end): loader = {:.1}% of the bare loop (median of \
          {rounds} rounds)",
-        batch,
-        median(rates[0].clone()) / 1e6,
-        median(rates[1].clone()) / 1e6,
+        m(&rates[0]) / 1e6,
+        m(&rates[1]) / 1e6,
         loader.workers(),
-        100.0 * median(ratios)
+        100.0 * m(&ratios[0])
+    );
+    println!(
+        "tokens, for reference: one thread building each batch's input and target tensors {:.0} M \
+         tokens/s: loader = {:.1}% of it (median of {rounds} rounds)",
+        m(&rates[2]) / 1e6,
+        100.0 * m(&ratios[1])
     );
 }
 
