@@ -205,7 +205,7 @@ fn a_failing_or_panicking_map_follows_the_bad_sample_policy() {
 }
 
 #[test]
-fn padded_fields_are_padded_and_counted_and_misuse_is_an_error() {
+fn padded_fields_are_padded_and_counted_and_misuse_is_an_error_naming_the_field() {
     let fields = vec![
         Field::padded("items", FieldType::I64, &[4, 2], -7.0),
         Field::new("id", FieldType::F32, &[]),
@@ -247,7 +247,8 @@ fn padded_fields_are_padded_and_counted_and_misuse_is_an_error() {
         [0., 1., 2., 3., 4., 5.]
     );
 
-    // Misuse: no count, too many items, the wrong type, a field twice.
+    // Misuse: a field never taken, no count, too many items, the wrong
+    // type, a field twice, the loader's count field.
     let misuse = |f: fn(&mut Sample<'_>) -> Result<()>| {
         let map = map_fn(fields.clone(), f);
         let mut l = Loader::builder(records(2))
@@ -259,8 +260,35 @@ fn padded_fields_are_padded_and_counted_and_misuse_is_an_error() {
         assert!(e.contains("rec0"), "{e}");
         e
     };
-    assert!(misuse(|_| Ok(())).contains("set_len"));
-    assert!(misuse(|s| s.set_len(0, 5)).contains("at most 4"));
+    let e = misuse(|_| Ok(()));
+    assert!(e.contains("did not write field \"items\""), "{e}");
+    let e = misuse(|s| s.take::<i64>(0).map(drop));
+    assert!(e.contains("did not write field \"id\""), "{e}");
+    fn both(s: &mut Sample<'_>) -> Result<()> {
+        s.take::<i64>(0)?;
+        s.take::<f32>(2).map(drop)
+    }
+    assert!(misuse(both).contains("set_len"));
+    assert!(misuse(|s| {
+        both(s)?;
+        s.set_len(0, 5)
+    })
+    .contains("at most 4"));
+    // An empty padded field needs no take.
+    let map = map_fn(fields.clone(), |s: &mut Sample<'_>| {
+        s.take::<f32>(2)?[0] = 1.0;
+        s.set_len(0, 0)
+    });
+    let mut l = Loader::builder(records(2))
+        .map(map)
+        .batch_size(2)
+        .build()
+        .unwrap();
+    let b = l.epoch(0).next().unwrap().unwrap();
+    assert_eq!(
+        b.get("items_len").unwrap().to_vec1::<u32>().unwrap(),
+        [0, 0]
+    );
     assert!(misuse(|s| s.take::<u8>(0).map(drop)).contains("I64"));
     assert!(misuse(|s| {
         s.take::<f32>(2)?;

@@ -88,8 +88,10 @@ pub trait Map: Send + Sync + 'static {
     }
 
     /// Writes sample [`Sample::index`]'s fields from [`Sample::record`].
-    /// Every fixed field must be written completely: the slot holds the
-    /// previous batch's bytes, not zeros.
+    /// Every field must be taken ([`Sample::take`]; the sample is an error
+    /// naming the field otherwise, except a padded field given a count of
+    /// 0) and every fixed field written completely: the slot may hold an
+    /// earlier batch's bytes, not zeros.
     fn map(&self, sample: &mut Sample<'_>) -> Result<()>;
 }
 
@@ -310,9 +312,29 @@ impl<'a> Sample<'a> {
     }
 
     /// What the map left for the loader: each padded field's count and the
-    /// times the map measured (the built-in map's decode and transform).
-    pub(crate) fn finish(self) -> (Vec<Option<usize>>, Option<SampleTimes>) {
-        (self.lens, self.times)
+    /// times the map measured (the built-in map's decode and transform),
+    /// or an error naming a field the map never took: its slot would go
+    /// out holding zeros or an earlier batch's bytes. (A padded field
+    /// needs no `take` when its count is 0.)
+    pub(crate) fn finish(
+        self,
+        fields: &[FieldLayout],
+    ) -> Result<(Vec<Option<usize>>, Option<SampleTimes>)> {
+        for (i, (out, f)) in self.out.iter().zip(fields).enumerate() {
+            let empty = f.field.pad.is_some() && self.lens.get(i) == Some(&Some(0));
+            if out.bytes.is_some() && !out.by_loader && !empty {
+                return Err(Error::Transform {
+                    key: self.record.key.clone(),
+                    reason: format!(
+                        "the map did not write field {:?} (field {i}): every field must be \
+                         taken with Sample::take and written",
+                        f.field.name
+                    ),
+                    source: None,
+                });
+            }
+        }
+        Ok((self.lens, self.times))
     }
 }
 

@@ -131,9 +131,10 @@ pub(super) fn process(
             let slots = claim.slots();
             let mut sample = Sample::new(&record, id, &schema.fields, slots, scratch);
             let mapped = shared.map.map(&mut sample);
-            let left = sample.finish();
             mapped.map_err(|e| (Some(record.key.clone()), e))?;
-            left
+            sample
+                .finish(&schema.fields)
+                .map_err(|e| (Some(record.key.clone()), e))?
         };
         if schema.padded {
             let mut slots: Vec<&mut [u8]> = claim.slots().collect();
