@@ -58,25 +58,35 @@ pub(super) fn fill_cache(
 }
 
 /// What one worker holds while it runs a batch's samples: the worker
-/// gate's pass and a scratch (taken after the pass, so the scratch held is
-/// the active workers'). Taken once per run of samples, not per sample:
-/// for a cheap map (a token window is a 4 KiB copy) the gate's lock and
-/// wake-up and the scratch pool's lock cost more than the sample.
+/// gate's pass and, from its first sample, a scratch (taken after the
+/// pass, so the scratch held is the active workers'). Taken once per run
+/// of samples, not per sample: for a cheap map (a token window is a 4 KiB
+/// copy) the gate's lock and wake-up and the scratch pool's lock cost more
+/// than the sample.
 pub(super) struct Worker<'a> {
     shared: &'a Shared,
+    /// Declared before the pass, so it is given back first: a worker let
+    /// in by the returned pass then finds it free (no extra scratch made,
+    /// no warm one freed as surplus).
+    scratch: Option<PooledScratch<'a>>,
     _pass: GatePass<'a>,
-    pub(super) scratch: PooledScratch<'a>,
 }
 
 impl<'a> Worker<'a> {
-    /// Waits for a place in the worker gate, then takes a scratch.
+    /// Waits for a place in the worker gate.
     pub(super) fn enter(shared: &'a Shared) -> Self {
-        let pass = shared.knobs.gate.enter();
         Self {
             shared,
-            _pass: pass,
-            scratch: shared.knobs.budget.scratch.take(shared.knobs.gate.limit()),
+            scratch: None,
+            _pass: shared.knobs.gate.enter(),
         }
+    }
+
+    /// The worker's scratch, taken from the pool at the first call.
+    fn scratch(&mut self) -> &mut PooledScratch<'a> {
+        let shared = self.shared;
+        self.scratch
+            .get_or_insert_with(|| shared.knobs.budget.scratch.take(shared.knobs.gate.limit()))
     }
 }
 
@@ -94,7 +104,7 @@ pub(super) fn process(
         return Outcome::Cancelled;
     }
     let shared = worker.shared;
-    let scratch = &mut worker.scratch;
+    let scratch = worker.scratch();
     let start = Instant::now();
     let run = || -> Result<String, (Option<String>, Error)> {
         let t0 = Instant::now();
