@@ -134,6 +134,21 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Waits on `cv` once, counted in the waiter count that `waiting` picks out
+/// of the guarded state, so a notifier can skip the wake-up (a system call
+/// every time, waiters or not) when the count is 0. Poisoning is handled as
+/// in [`lock`].
+pub(crate) fn wait_counted<'a, T>(
+    cv: &std::sync::Condvar,
+    mut guard: std::sync::MutexGuard<'a, T>,
+    waiting: fn(&mut T) -> &mut usize,
+) -> std::sync::MutexGuard<'a, T> {
+    *waiting(&mut guard) += 1;
+    let mut guard = cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+    *waiting(&mut guard) -= 1;
+    guard
+}
+
 /// Test hooks of the device upload; not part of the API.
 #[doc(hidden)]
 pub mod __test {

@@ -111,9 +111,7 @@ impl<B> Pool<B> {
                 }
                 return Some(buf);
             }
-            st.waiting += 1;
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-            st.waiting -= 1;
+            st = crate::wait_counted(&self.cv, st, |s| &mut s.waiting);
         }
     }
 

@@ -139,9 +139,7 @@ impl Room {
     fn wait_while(&self, mut full: impl FnMut() -> bool) {
         let mut guard = crate::lock(&self.lock);
         while full() {
-            *guard += 1;
-            guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
-            *guard -= 1;
+            guard = crate::wait_counted(&self.cv, guard, |n| n);
         }
     }
 }

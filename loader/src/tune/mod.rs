@@ -132,9 +132,7 @@ impl Gate {
         }
         let mut st = self.lock();
         while st.active >= st.limit {
-            st.waiting += 1;
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-            st.waiting -= 1;
+            st = crate::wait_counted(&self.cv, st, |s| &mut s.waiting);
         }
         st.active += 1;
         HOLDS_PASS.with(|h| h.set(true));
