@@ -3,7 +3,7 @@
 //! decode pool; in the streaming mode it also reads the batch's records.
 
 use super::epoch::Pending;
-use super::fill::{Filling, SlotTable};
+use super::fill::{split, Filling, SlotTable};
 use super::{caught, Filled, Msg, Shared};
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
@@ -158,6 +158,8 @@ pub(super) fn feed(
                     break;
                 }
             };
+            let threads = decode_pool.current_num_threads();
+            let (runners, claim) = split(shared.counters.mean_sample_work(), n, threads);
             let job = Arc::new(Filling::new(
                 shared.clone(),
                 plan.clone(),
@@ -167,13 +169,14 @@ pub(super) fn feed(
                 done.clone(),
                 table,
                 pre,
+                claim,
             ));
             shared.counters.batch_started();
             dispatched += 1;
             if n == 0 {
                 job.complete();
             }
-            for _ in 0..decode_pool.current_num_threads().min(n) {
+            for _ in 0..runners.min(n) {
                 let job = job.clone();
                 decode_pool.spawn_fifo(move || job.run());
             }

@@ -120,10 +120,20 @@ impl SlotTable {
         self.next.load(Ordering::Relaxed) >= self.len()
     }
 
-    /// The next sample nobody has claimed, in order; `None` once all are.
-    fn claim(&self) -> Option<Claimed<'_>> {
-        let index = self.next.fetch_add(1, Ordering::Relaxed);
-        (index < self.len()).then_some(Claimed { table: self, index })
+    /// The next (up to) `k` samples nobody has claimed, in order; `None`
+    /// once all are. Give them back with
+    /// [`ClaimedRun::release`].
+    fn claim_run(&self, k: usize) -> Option<ClaimedRun<'_>> {
+        let k = k.max(1);
+        let first = self.next.fetch_add(k, Ordering::Relaxed);
+        let end = first.saturating_add(k).min(self.len());
+        if first >= end {
+            return None;
+        }
+        Some(ClaimedRun {
+            table: self,
+            samples: first..end,
+        })
     }
 
     /// The buffer, once every sample has been released (`None` before, and
@@ -135,6 +145,34 @@ impl SlotTable {
             return None;
         }
         crate::lock(&self.buf).take()
+    }
+}
+
+/// Samples of a [`SlotTable`] claimed together (one update of the
+/// table's shared counters for the run, not one per sample), this
+/// claimant's alone until [`release`](Self::release)d.
+pub(super) struct ClaimedRun<'a> {
+    table: &'a SlotTable,
+    samples: std::ops::Range<usize>,
+}
+
+impl<'a> ClaimedRun<'a> {
+    /// Each sample of the run in turn. Its slots' borrows end with the
+    /// `Claimed`, which borrows the run, so all end before the release.
+    fn each(&mut self) -> impl Iterator<Item = Claimed<'a>> + '_ {
+        let table = self.table;
+        self.samples
+            .clone()
+            .map(move |index| Claimed { table, index })
+    }
+
+    /// Gives the run's samples back; `true` when they were the last, after
+    /// which [`SlotTable::take_buf`] returns the buffer.
+    fn release(self) -> bool {
+        let n = self.samples.len();
+        // AcqRel: these samples' writes happen before the last release's
+        // reader takes the buffer.
+        self.table.left.fetch_sub(n, Ordering::AcqRel) == n
     }
 }
 
@@ -151,34 +189,26 @@ impl Claimed<'_> {
         t.slots[self.index * t.fields..(self.index + 1) * t.fields]
             .iter()
             .map(|&(p, n)| {
-                // SAFETY: `claim` handed this sample to this claim only
-                // (`next` gives each index once), and its slots are disjoint
-                // ranges of the buffer (one per field), so no other slice
-                // of them exists while `&mut self` is borrowed; the buffer
-                // is alive and unmoved in `table.buf`, since `take_buf`
-                // gives it out only once `left` is 0, which needs this
-                // claim's release, and these borrows of `self` end before
-                // `release` can run.
+                // SAFETY: `claim_run` handed this sample to this claim's
+                // run only (`next` gives each index once), and its slots
+                // are disjoint ranges of the buffer (one per field), so no other slice of them exists while
+                // `&mut self` is borrowed; the buffer is alive and unmoved
+                // in `table.buf`, since `take_buf` gives it out only once
+                // `left` is 0, which needs the run's release, and these
+                // borrows end before the run's `release` can run.
                 unsafe { std::slice::from_raw_parts_mut(p, n) }
             })
     }
-
-    /// Gives the sample back; `true` for the last one, after which
-    /// [`SlotTable::take_buf`] returns the buffer.
-    fn release(self) -> bool {
-        // AcqRel: this sample's writes happen before the last release's
-        // reader takes the buffer.
-        self.table.left.fetch_sub(1, Ordering::AcqRel) == 1
-    }
 }
 
-/// One batch being filled. Its samples are claimed one at a time, in
-/// order, by as many runner jobs as the decode pool has threads, and the job
-/// that completes the last sample hands the batch over. Runners are queued
-/// first-in first-out, so the workers finish a batch before they start the
-/// next, and no job ever blocks waiting for another: a worker never holds
-/// back a finished batch while it helps with a later one (as a nested
-/// `par_iter` waiting for its last sample would).
+/// One batch being filled. Its samples are claimed in order, in runs of
+/// [`split`]'s size (one at a time for an image map), by up to one runner
+/// job per decode thread (one job for a batch cheaper than a claim), and
+/// the job that completes the last sample hands the batch over. Runners
+/// are queued first-in first-out, so the workers finish a batch before
+/// they start the next, and no job ever blocks waiting for another: a
+/// worker never holds back a finished batch while it helps with a later
+/// one (as a nested `par_iter` waiting for its last sample would).
 pub(super) struct Filling {
     pub(super) shared: Arc<Shared>,
     pub(super) plan: Arc<Plan>,
@@ -192,6 +222,33 @@ pub(super) struct Filling {
     pub(super) table: SlotTable,
     pub(super) pre: Vec<Mutex<PreRead>>,
     pub(super) outcomes: Vec<Mutex<Option<Outcome>>>,
+    /// Samples a runner claims at once ([`split`]).
+    pub(super) claim: usize,
+}
+
+/// Work a runner claims at once, as a time: claiming and releasing
+/// samples one by one costs two updates of counters the runners share,
+/// and every runner of a batch is a job to queue and a thread to wake,
+/// which is nothing beside an image's decode but as much as a cheap map's
+/// work (a token window is a few-KiB copy).
+const CLAIM_WORK: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// How a batch of `n` samples is split: how many runner jobs fill it (at
+/// most `threads`) and how many samples a runner claims at once. About
+/// [`CLAIM_WORK`] of the map's mean time so far a claim (`mean`; one
+/// sample before any is measured), so a batch cheaper than that is one
+/// job, and an image batch one job per thread, claiming one sample at a
+/// time.
+pub(super) fn split(mean: Option<std::time::Duration>, n: usize, threads: usize) -> (usize, usize) {
+    let by_time = match mean {
+        Some(m) if !m.is_zero() => {
+            usize::try_from(CLAIM_WORK.as_nanos().div_ceil(m.as_nanos())).unwrap_or(usize::MAX)
+        }
+        _ => 1,
+    };
+    let n = n.max(1);
+    let runners = n.div_ceil(by_time).clamp(1, threads.max(1));
+    (runners, by_time.min(n.div_ceil(runners)))
 }
 
 impl Filling {
@@ -207,10 +264,12 @@ impl Filling {
         done: Sender<Msg>,
         table: SlotTable,
         mut pre: Vec<PreRead>,
+        claim: usize,
     ) -> Self {
         let n = table.len();
         pre.resize_with(n, || None);
         Self {
+            claim,
             shared,
             plan,
             index,
@@ -238,33 +297,36 @@ impl Filling {
         }
         let indices = self.indices();
         let mut worker = Worker::enter(&self.shared);
-        while let Some(mut claim) = self.table.claim() {
-            let j = claim.index();
-            let pre = crate::lock(&self.pre[j]).take();
-            let shared = &self.shared;
-            // `process` catches the sample's own panics; this catches the
-            // rest, so every claim is released and the batch completes (an
-            // unwind out of a rayon job would abort the process: the pool
-            // has no panic handler).
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                process(
-                    &mut worker,
-                    self.epoch,
-                    indices[j],
-                    &mut claim,
-                    &self.cancel,
-                    pre,
-                )
-            }))
-            .unwrap_or_else(|payload| Outcome::Failed {
-                key: safe_key(shared, indices[j]),
-                error: Error::WorkerPanic {
+        while let Some(mut run) = self.table.claim_run(self.claim) {
+            for mut claim in run.each() {
+                let j = claim.index();
+                let pre = crate::lock(&self.pre[j]).take();
+                let shared = &self.shared;
+                // `process` catches the sample's own panics; this catches
+                // the rest, so every claim is released and the batch
+                // completes (an unwind out of a rayon job would abort the
+                // process: the pool has no panic handler).
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    process(
+                        &mut worker,
+                        self.epoch,
+                        indices[j],
+                        &mut claim,
+                        &self.cancel,
+                        pre,
+                    )
+                }))
+                .unwrap_or_else(|payload| Outcome::Failed {
                     key: safe_key(shared, indices[j]),
-                    message: panic_message(payload.as_ref()),
-                },
-            });
-            *crate::lock(&self.outcomes[j]) = Some(outcome);
-            if claim.release() {
+                    error: Error::WorkerPanic {
+                        key: safe_key(shared, indices[j]),
+                        message: panic_message(payload.as_ref()),
+                    },
+                });
+                *crate::lock(&self.outcomes[j]) = Some(outcome);
+            }
+            worker.count();
+            if run.release() {
                 // The last sample: nothing is left to claim. The pass and
                 // scratch go back first, so no worker holds a gate pass
                 // while it sends to the uploader.
@@ -365,6 +427,24 @@ impl Filling {
 mod tests {
     use super::*;
 
+    /// An image map (a millisecond a sample) is one runner per thread
+    /// claiming one sample at a time; a cheap map's batch is one runner
+    /// claiming it whole; in between, runs of about 50 µs.
+    #[test]
+    fn a_batch_is_split_by_the_maps_cost() {
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        assert_eq!(split(Some(us(1000)), 64, 2), (2, 1));
+        assert_eq!(split(Some(us(1)), 32, 2), (1, 32));
+        assert_eq!(split(Some(us(10)), 256, 4), (4, 5));
+        assert_eq!(split(Some(us(10)), 12, 4), (3, 4));
+        // Nothing measured yet: every thread, one sample at a time.
+        assert_eq!(split(None, 64, 3), (3, 1));
+        assert_eq!(split(Some(Duration::ZERO), 64, 3), (3, 1));
+        assert_eq!(split(None, 2, 8), (2, 1));
+        assert_eq!(split(Some(us(1)), 0, 2), (1, 1));
+    }
+
     /// Three threads fill a table of two fields: each sample goes to one
     /// of them, the buffer comes back only after the last release (to the
     /// one thread told it was last), with every slot's writes in it.
@@ -387,9 +467,12 @@ mod tests {
                 for _ in 0..3 {
                     s.spawn(|| {
                         go.wait();
-                        while let Some(mut claim) = table.claim() {
-                            let j = claim.index();
-                            {
+                        // Runs of 1 to 3 samples.
+                        let mut k = 0;
+                        while let Some(mut run) = table.claim_run(k % 3 + 1) {
+                            k += 1;
+                            for mut claim in run.each() {
+                                let j = claim.index();
                                 let mut slots = claim.slots();
                                 slots.next().unwrap().fill(j as u8 + 1);
                                 let b = slots.next().unwrap();
@@ -397,7 +480,7 @@ mod tests {
                                 assert!(slots.next().is_none());
                             }
                             assert!(table.take_buf().is_none(), "a claim is still held");
-                            if claim.release() {
+                            if run.release() {
                                 lasts.fetch_add(1, Ordering::Relaxed);
                             }
                         }

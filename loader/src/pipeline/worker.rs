@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::map::{pad_fields, Sample};
 use crate::source::Record;
 use crate::stats::trace::LANE_DECODE;
+use crate::stats::SampleTally;
 use crate::transform::PooledScratch;
 use crate::tune::GatePass;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -65,6 +66,11 @@ pub(super) fn fill_cache(
 /// than the sample.
 pub(super) struct Worker<'a> {
     shared: &'a Shared,
+    /// The run's samples, added to the shared counters by [`count`](Self::count).
+    tally: SampleTally,
+    /// When the previous sample of the run ended: the next one's start
+    /// (one clock read a sample fewer).
+    clock: Option<Instant>,
     /// Declared before the pass, so it is given back first: a worker let
     /// in by the returned pass then finds it free (no extra scratch made,
     /// no warm one freed as surplus).
@@ -77,16 +83,20 @@ impl<'a> Worker<'a> {
     pub(super) fn enter(shared: &'a Shared) -> Self {
         Self {
             shared,
+            tally: SampleTally::default(),
+            clock: None,
             scratch: None,
             _pass: shared.knobs.gate.enter(),
         }
     }
 
-    /// The worker's scratch, taken from the pool at the first call.
-    fn scratch(&mut self) -> &mut PooledScratch<'a> {
-        let shared = self.shared;
-        self.scratch
-            .get_or_insert_with(|| shared.knobs.budget.scratch.take(shared.knobs.gate.limit()))
+    /// Adds the run's samples to the shared counters: before the run's
+    /// samples are released, so a batch's samples are all counted by the
+    /// time it is handed over.
+    pub(super) fn count(&mut self) {
+        self.shared
+            .counters
+            .samples(&std::mem::take(&mut self.tally));
     }
 }
 
@@ -104,10 +114,14 @@ pub(super) fn process(
         return Outcome::Cancelled;
     }
     let shared = worker.shared;
-    let scratch = worker.scratch();
-    let start = Instant::now();
-    let run = || -> Result<String, (Option<String>, Error)> {
-        let t0 = Instant::now();
+    let start = worker.clock.take().unwrap_or_else(Instant::now);
+    let Worker { scratch, tally, .. } = worker;
+    let scratch = scratch.get_or_insert_with(|| {
+        let k = &shared.knobs;
+        k.budget.scratch.take(k.gate.limit())
+    });
+    let run = || -> Result<(String, Instant), (Option<String>, Error)> {
+        let t0 = start;
         // A cache entry that cannot be read back is a miss: the source
         // gives what an uncached run reads (and the error is counted).
         let cached = match shared.cache.as_ref().and_then(|c| c.get(index)) {
@@ -118,24 +132,35 @@ pub(super) fn process(
             hit => hit,
         };
         let hit = cached.is_some();
-        let (record, read) = match (cached, pre) {
+        let pre_read = pre.is_some();
+        let (record, read, read_end) = match (cached, pre) {
             (Some(r), _) => {
                 shared.counters.cache_hit();
-                (r, t0.elapsed())
+                let now = Instant::now();
+                (r, now - t0, now)
             }
-            (None, Some((record, read))) => (record, read),
+            (None, Some((record, read))) => (record, read, t0),
             (None, None) => {
                 let bytes = scratch.take_read_buffer();
                 let parts = &shared.parts;
-                (shared.source.read_parts(index, parts, bytes), t0.elapsed())
+                let record = shared.source.read_parts(index, parts, bytes);
+                let now = Instant::now();
+                (record, now - t0, now)
             }
         };
         let mut record = record.map_err(|e| (None, e))?;
+        let mut filled = false;
         if let (Some(cache), false) = (&shared.cache, hit) {
             record = fill_cache(shared, cache, index, record).map_err(|(k, e)| (Some(k), e))?;
+            filled = true;
         }
+        let read_end = if filled { Instant::now() } else { read_end };
         let schema = &shared.schema;
-        let t1 = Instant::now();
+        let t1 = if hit || pre_read {
+            Instant::now()
+        } else {
+            read_end
+        };
         let (lens, times) = {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
@@ -151,20 +176,27 @@ pub(super) fn process(
             pad_fields(&record.key, &schema.fields, &lens, &mut slots)
                 .map_err(|e| (Some(record.key.clone()), e))?;
         }
+        let end = Instant::now();
         let times = times.unwrap_or_else(|| crate::stats::SampleTimes {
             decode: Duration::ZERO,
-            transform: t1.elapsed(),
+            transform: end - t1,
             decoded_bytes: 0,
         });
-        shared.counters.sample(read, &times);
+        tally.add(read, &times);
         scratch.recycle_read_buffer(record.bytes);
-        Ok(record.key)
+        Ok((record.key, end))
     };
     let result = catch_unwind(AssertUnwindSafe(run));
+    let end = match &result {
+        Ok(Ok((_, end))) => *end,
+        _ => Instant::now(),
+    };
+    worker.clock = Some(end);
     if let Some(trace) = &shared.trace {
         let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
-        trace.record("read+map", lane, start, Instant::now());
+        trace.record("read+map", lane, start, end);
     }
+    let result = result.map(|r| r.map(|(key, _)| key));
     match result {
         Ok(Ok(key)) => Outcome::Ok { key },
         Ok(Err((key, error))) => Outcome::Failed {

@@ -474,7 +474,14 @@ impl Source for TokenSource {
     fn key(&self, index: usize) -> String {
         match (self.inner.order, self.inner.windows.fixed_window(index)) {
             (WindowOrder::NonOverlapping, Some(w)) => {
-                format!("{}@{}", self.inner.names[w.file], w.token)
+                // Sized once: a key a sample, and `format!` grew each one
+                // (a cheap map's samples are dominated by such costs).
+                use std::fmt::Write;
+                let name = &self.inner.names[w.file];
+                let mut key = String::with_capacity(name.len() + 21);
+                key.push_str(name);
+                let _ = write!(key, "@{}", w.token);
+                key
             }
             _ => format!("window #{index}"),
         }

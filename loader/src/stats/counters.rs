@@ -17,6 +17,27 @@ pub struct SampleTimes {
     pub decoded_bytes: u64,
 }
 
+/// One worker's samples since it last added them to the [`Counters`].
+#[derive(Debug, Default)]
+pub(crate) struct SampleTally {
+    samples: u64,
+    read_ns: u64,
+    decode_ns: u64,
+    transform_ns: u64,
+    decoded_bytes: u64,
+}
+
+impl SampleTally {
+    /// Counts one sample, read in `read`.
+    pub(crate) fn add(&mut self, read: Duration, t: &SampleTimes) {
+        self.samples += 1;
+        self.read_ns += ns(read);
+        self.decode_ns += ns(t.decode);
+        self.transform_ns += ns(t.transform);
+        self.decoded_bytes += t.decoded_bytes;
+    }
+}
+
 /// Live counters, shared by the loader's threads.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -115,12 +136,27 @@ fn ns(d: Duration) -> u64 {
 }
 
 impl Counters {
-    pub(crate) fn sample(&self, read: Duration, t: &SampleTimes) {
-        self.samples.fetch_add(1, Relaxed);
-        self.read_ns.fetch_add(ns(read), Relaxed);
-        self.decode_ns.fetch_add(ns(t.decode), Relaxed);
-        self.transform_ns.fetch_add(ns(t.transform), Relaxed);
+    /// Adds a worker's run of samples (one update of the shared counters
+    /// per run, not per sample: with several workers each per-sample
+    /// update moved the counters' cache line between cores, which cost a
+    /// cheap map as much as its work).
+    pub(crate) fn samples(&self, t: &SampleTally) {
+        if t.samples == 0 {
+            return;
+        }
+        self.samples.fetch_add(t.samples, Relaxed);
+        self.read_ns.fetch_add(t.read_ns, Relaxed);
+        self.decode_ns.fetch_add(t.decode_ns, Relaxed);
+        self.transform_ns.fetch_add(t.transform_ns, Relaxed);
         self.decoded_bytes.fetch_add(t.decoded_bytes, Relaxed);
+    }
+
+    /// Mean time of a sample's map so far (decode and transform), if any
+    /// sample was counted.
+    pub(crate) fn mean_sample_work(&self) -> Option<Duration> {
+        let n = self.samples.load(Relaxed);
+        let work = self.decode_ns.load(Relaxed) + self.transform_ns.load(Relaxed);
+        (n > 0).then(|| Duration::from_nanos(work / n))
     }
 
     /// A sample was left out under the skip policy. Its key is listed once
@@ -400,9 +436,12 @@ mod tests {
             transform: Duration::from_micros(100),
             decoded_bytes: 0,
         };
+        let mut tally = SampleTally::default();
         for _ in 0..4 {
-            c.sample(Duration::ZERO, &t);
+            tally.add(Duration::ZERO, &t);
         }
+        c.samples(&tally);
+        assert_eq!(c.mean_sample_work(), Some(Duration::from_millis(1)));
         c.batch_started();
         // 4 samples uploaded in 1 ms: 250 us per sample.
         c.batch_uploaded(Duration::from_millis(1));

@@ -4,9 +4,9 @@
 mod counters;
 pub(crate) mod trace;
 
-pub(crate) use counters::Counters;
 #[doc(hidden)]
 pub use counters::SampleTimes;
+pub(crate) use counters::{Counters, SampleTally};
 use std::time::Duration;
 pub use trace::Trace;
 
