@@ -14,7 +14,12 @@
 //!    that copies the same windows (`seq_len + 1` tokens each) from the
 //!    memory map into one reused buffer; and, for reference, against a loop
 //!    on this thread that builds each batch's `input` and `target` tensors
-//!    from the same windows (as nanoGPT's `get_batch` does).
+//!    from the same windows (as nanoGPT's `get_batch` does), and against
+//!    the least any threaded loader does: two threads that each build
+//!    whole batches' tensors and send them over a bounded channel to this
+//!    thread (no keys, reorder, bad-sample policy, buffer pool or
+//!    AUTOTUNE). Every batch is fresh memory there as in the loader (a CPU
+//!    tensor owns its buffer), which the bare loop never touches.
 //!
 //! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. For profiling the
 //! token loader: `WICK_TOKEN_BATCH` (default 32), `WICK_TOKEN_WORKERS`
@@ -195,15 +200,33 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
     // Per round: the bare loop (the limit), the loader, and a loop on this
     // thread that builds each batch's `input` and `target` tensors itself
     // (what nanoGPT's `get_batch` does), for reference.
-    let mut ratios = [Vec::new(), Vec::new()];
-    let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+    let mut ratios = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    // One batch's `input` and `target` tensors, built on the calling thread.
+    let build = |epoch: u64, indices: &[usize]| {
+        let n = indices.len();
+        let (mut input, mut target) = (vec![0u32; n * SEQ], vec![0u32; n * SEQ]);
+        for (j, &i) in indices.iter().enumerate() {
+            let w = src.window(1, epoch, i).expect("window");
+            let file = &src.files()[w.file];
+            let rows = j * SEQ..(j + 1) * SEQ;
+            file.read_into(w.token, &mut input[rows.clone()])
+                .expect("read");
+            file.read_into(w.token + 1, &mut target[rows])
+                .expect("read");
+        }
+        let dev = &candle_core::Device::Cpu;
+        let x = candle_core::Tensor::from_vec(input, (n, SEQ), dev).expect("x");
+        let y = candle_core::Tensor::from_vec(target, (n, SEQ), dev).expect("y");
+        (x, y)
+    };
     for round in 0..=rounds {
         let epoch = round as u64;
         let plan = loader.batches(epoch);
         let windows: Vec<usize> = plan.iter().flatten().copied().collect();
-        let mut this = [0f64; 3];
-        for k in 0..3 {
-            let which = (k + round) % 3;
+        let mut this = [0f64; 4];
+        for k in 0..4 {
+            let which = (k + round) % 4;
             let t = Instant::now();
             match which {
                 0 => {
@@ -222,24 +245,33 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
                         .sum();
                     assert_eq!(n, windows.len());
                 }
-                _ => {
+                2 => {
                     for indices in &plan {
-                        let n = indices.len();
-                        let (mut input, mut target) = (vec![0u32; n * SEQ], vec![0u32; n * SEQ]);
-                        for (j, &i) in indices.iter().enumerate() {
-                            let w = src.window(1, epoch, i).expect("window");
-                            let file = &src.files()[w.file];
-                            let rows = j * SEQ..(j + 1) * SEQ;
-                            file.read_into(w.token, &mut input[rows.clone()])
-                                .expect("read");
-                            file.read_into(w.token + 1, &mut target[rows])
-                                .expect("read");
-                        }
-                        let dev = &candle_core::Device::Cpu;
-                        let x = candle_core::Tensor::from_vec(input, (n, SEQ), dev).expect("x");
-                        let y = candle_core::Tensor::from_vec(target, (n, SEQ), dev).expect("y");
-                        std::hint::black_box((x, y));
+                        std::hint::black_box(build(epoch, indices));
                     }
+                }
+                _ => {
+                    // Two producers take batches in turn from a counter;
+                    // this thread takes what they send.
+                    let next = std::sync::atomic::AtomicUsize::new(0);
+                    let (tx, rx) = crossbeam_channel::bounded(8);
+                    let got = std::thread::scope(|s| {
+                        for _ in 0..2 {
+                            let (tx, next, plan, build) = (tx.clone(), &next, &plan, &build);
+                            s.spawn(move || loop {
+                                let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some(indices) = plan.get(b) else { break };
+                                if tx.send(build(epoch, indices)).is_err() {
+                                    break;
+                                }
+                            });
+                        }
+                        drop(tx);
+                        rx.iter()
+                            .map(|b| std::hint::black_box(b).0.dims()[0])
+                            .sum::<usize>()
+                    });
+                    assert_eq!(got, windows.len());
                 }
             }
             this[which] = (windows.len() * SEQ) as f64 / t.elapsed().as_secs_f64();
@@ -247,6 +279,8 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
         if round > 0 {
             ratios[0].push(this[1] / this[0]);
             ratios[1].push(this[1] / this[2]);
+            ratios[2].push(this[3] / this[0]);
+            ratios[3].push(this[1] / this[3]);
             for (r, v) in rates.iter_mut().zip(this) {
                 r.push(v);
             }
@@ -270,6 +304,14 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
          tokens/s: loader = {:.1}% of it (median of {rounds} rounds)",
         m(&rates[2]) / 1e6,
         100.0 * m(&ratios[1])
+    );
+    println!(
+        "tokens, the ceiling of a threaded loader here: two threads building whole batches for \
+         this one {:.0} M tokens/s = {:.1}% of the bare loop; the loader = {:.1}% of it (medians \
+         of {rounds} rounds)",
+        m(&rates[3]) / 1e6,
+        100.0 * m(&ratios[2]),
+        100.0 * m(&ratios[3])
     );
 }
 
