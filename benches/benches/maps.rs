@@ -24,8 +24,9 @@
 //! `WICK_BENCH_ONLY=maps` or `tokens` runs one half. For profiling the
 //! token loader: `WICK_TOKEN_BATCH` (default 32), `WICK_TOKEN_WORKERS`
 //! (fixed workers, with `WICK_TOKEN_IN_FLIGHT` and `WICK_TOKEN_PREFETCH`,
-//! default 8 each; AUTOTUNE without it) and `WICK_TOKEN_TRACE=out.json`
-//! (the loader's Chrome trace). `WICK_BENCH_QUICK=1`
+//! default 8 each; AUTOTUNE without it), `WICK_TOKEN_TRACE=out.json`
+//! (the loader's Chrome trace) and `WICK_TOKEN_LOADER_ONLY=1` (times the
+//! loader alone, for `perf record`). `WICK_BENCH_QUICK=1`
 //! (what CI runs) takes 120 images, 4 M tokens and 3
 //! rounds: a throughput line per change, too short for the claims.
 //!
@@ -195,6 +196,7 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
             .prefetch(env("WICK_TOKEN_PREFETCH").unwrap_or(8));
     }
     let trace = std::env::var_os("WICK_TOKEN_TRACE");
+    let loader_only = std::env::var_os("WICK_TOKEN_LOADER_ONLY").is_some();
     let mut loader = b.trace(trace.is_some()).build().expect("token loader");
     let mut buf = vec![0u32; SEQ + 1];
     // Per round: the bare loop (the limit), the loader, and a loop on this
@@ -227,6 +229,9 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
         let mut this = [0f64; 4];
         for k in 0..4 {
             let which = (k + round) % 4;
+            if loader_only && which != 1 {
+                continue;
+            }
             let t = Instant::now();
             match which {
                 0 => {
@@ -290,6 +295,15 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
         trace.write_chrome_json(path).expect("writing the trace");
     }
     let m = |v: &[f64]| median(v.to_vec());
+    if loader_only {
+        println!(
+            "tokens (seq_len {SEQ}, batch {batch}, {tokens} tokens), the loader alone: {:.0} M \
+             tokens/s ({} workers at the end; median of {rounds} rounds)",
+            m(&rates[1]) / 1e6,
+            loader.workers()
+        );
+        return;
+    }
     println!(
         "tokens (seq_len {SEQ}, batch {batch}, {tokens} tokens): bare loop {:.0} M tokens/s, loader \
          {:.0} M tokens/s ({} workers at the end): loader = {:.1}% of the bare loop (median of \
