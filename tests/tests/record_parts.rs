@@ -215,6 +215,121 @@ fn tf_example_lists_of_any_length_and_several_byte_strings() {
     }
 }
 
+/// The TensorFlow-written parts shard compressed into `dir` as
+/// `parts-tf.tfrecord.<ext>`: `gz` (gzip) or `zz` (zlib).
+fn compressed_parts(dir: &std::path::Path, ext: &str) -> PathBuf {
+    use std::io::Write;
+    let plain = std::fs::read(fixture("parts-tf.tfrecord")).unwrap();
+    let level = flate2::Compression::default();
+    let bytes = if ext == "gz" {
+        let mut w = flate2::write::GzEncoder::new(Vec::new(), level);
+        w.write_all(&plain).unwrap();
+        w.finish().unwrap()
+    } else {
+        let mut w = flate2::write::ZlibEncoder::new(Vec::new(), level);
+        w.write_all(&plain).unwrap();
+        w.finish().unwrap()
+    };
+    let path = dir.join(format!("parts-tf.tfrecord.{ext}"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// A compressed shard has no random access: the streaming mode reads it
+/// with the source's own reader, which gives the same named parts as a
+/// random-access read of the uncompressed shard (the TensorFlow-written
+/// fixture, gzip- and zlib-compressed here: TensorFlow's GZIP and ZLIB
+/// options compress the whole record stream the same way).
+#[test]
+fn a_compressed_shard_streams_every_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gz, zz) = (
+        compressed_parts(dir.path(), "gz"),
+        compressed_parts(dir.path(), "zz"),
+    );
+    let uncompressed = TfRecord::open([fixture("parts-tf.tfrecord")]).unwrap();
+    let n = uncompressed.len();
+    assert!(n > 1, "the fixture has several records");
+    for path in [gz, zz] {
+        let compressed = TfRecord::open([&path]).unwrap();
+        assert_eq!(compressed.len(), n, "{path:?}");
+        for parts in [
+            Parts::All,
+            Parts::Named(vec!["caption".into(), "tags".into()]),
+        ] {
+            let streamed: Vec<_> = compressed
+                .stream_shard(0, &parts)
+                .unwrap()
+                .expect("a compressed shard streams with its own reader")
+                .collect::<candle_wick::Result<_>>()
+                .unwrap();
+            assert_eq!(streamed.len(), n);
+            for (i, got) in streamed.iter().enumerate() {
+                let want = uncompressed.read_parts(i, &parts, Vec::new()).unwrap();
+                assert_eq!((&got.bytes, got.label), (&want.bytes, want.label), "{i}");
+                assert!(!want.parts.is_empty(), "record {i} has named parts");
+                assert_eq!(got.parts, want.parts, "record {i} of {path:?}, {parts:?}");
+            }
+        }
+        // Asking for no parts reads image + class only.
+        let first = compressed
+            .stream_shard(0, &Parts::Default)
+            .unwrap()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert!(first.parts.is_empty());
+    }
+}
+
+/// Through a loader in the streaming mode: a map that asks for a feature
+/// of a gzip shard gets it for every sample, in order.
+#[test]
+fn a_loader_streams_named_parts_from_a_compressed_shard() {
+    use candle_wick::fields::{Field, FieldType};
+    use candle_wick::map::{map_fn, Sample};
+    let dir = tempfile::tempdir().unwrap();
+    let gz = compressed_parts(dir.path(), "gz");
+    let want = parts_expected();
+    const MAX: usize = 64;
+    // The caption's bytes, zero-padded, and its length.
+    let map = map_fn(
+        vec![
+            Field::new("caption", FieldType::U8, &[MAX]),
+            Field::new("len", FieldType::U32, &[]),
+        ],
+        |s: &mut Sample<'_>| {
+            let caption = s.record().part_bytes("caption")?;
+            let out = s.take::<u8>(0)?;
+            out.fill(0);
+            out[..caption.len()].copy_from_slice(caption);
+            s.take::<u32>(1)?[0] = caption.len() as u32;
+            Ok(())
+        },
+    )
+    .parts(Parts::Named(vec!["caption".into()]));
+    let mut loader = candle_wick::Loader::builder(TfRecord::open([&gz]).unwrap())
+        .map(map)
+        .batch_size(2)
+        .interleave(1, 1)
+        .workers(2)
+        .build()
+        .unwrap();
+    let mut i = 0;
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        let bytes = batch.get("caption").unwrap().to_vec2::<u8>().unwrap();
+        let lens = batch.get("len").unwrap().to_vec1::<u32>().unwrap();
+        for (row, len) in bytes.iter().zip(lens) {
+            let caption = want[i]["caption"].as_str().unwrap().as_bytes();
+            assert_eq!(&row[..len as usize], caption, "sample {i}");
+            i += 1;
+        }
+    }
+    assert_eq!(i, want.len(), "every sample, once");
+}
+
 #[test]
 fn safetensors_rows_of_every_per_sample_tensor() {
     let want = parts_expected();

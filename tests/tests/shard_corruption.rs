@@ -286,7 +286,7 @@ fn survive(path: &Path, open: &dyn Fn(&Path) -> candle_wick::Result<Box<dyn Sour
         for i in 0..src.len() {
             let _ = src.read(i);
         }
-        if let Ok(Some(stream)) = src.stream_shard(0) {
+        if let Ok(Some(stream)) = src.stream_shard(0, &candle_wick::source::Parts::Default) {
             stream.for_each(drop);
         }
     }

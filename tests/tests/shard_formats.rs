@@ -85,7 +85,7 @@ fn check_compressed(name: &str) {
     assert!(err.contains("no random access"), "{err}");
     let want = expected();
     let stream = src
-        .stream_shard(0)
+        .stream_shard(0, &candle_wick::source::Parts::Default)
         .unwrap()
         .expect("a compressed shard has its own reader");
     let records: Vec<Record> = stream.map(Result::unwrap).collect();

@@ -343,7 +343,7 @@ fn shard_stream(
         reason: format!("stream ended before record {i} that the index holds"),
         source: None,
     };
-    match source.stream_shard(s) {
+    match source.stream_shard(s, &parts) {
         Ok(Some(stream)) => Box::new(
             range
                 .zip(stream.map(Some).chain(std::iter::repeat_with(|| None)))

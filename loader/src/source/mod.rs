@@ -233,13 +233,14 @@ pub trait Source: Send + Sync + 'static {
     }
 
     /// Reads shard `shard` sequentially, for the streaming mode
-    /// ([`crate::LoaderBuilder::interleave`]). `None` (the default) means
-    /// the loader reads the shard's records with [`Source::read`] in order,
-    /// which for a file-backed shard is a sequential read already; a source
-    /// whose records cannot be reached by offset (compressed TFRecord)
-    /// returns its own reader.
-    fn stream_shard(&self, shard: usize) -> Result<Option<RecordStream>> {
-        let _ = shard;
+    /// ([`crate::LoaderBuilder::interleave`]), each record with the named
+    /// `parts` (as [`Source::read_parts`] gives them). `None` (the default)
+    /// means the loader reads the shard's records with
+    /// [`Source::read_parts`] in order, which for a file-backed shard is a
+    /// sequential read already; a source whose records cannot be reached
+    /// by offset (compressed TFRecord) returns its own reader.
+    fn stream_shard(&self, shard: usize, parts: &Parts) -> Result<Option<RecordStream>> {
+        let _ = (shard, parts);
         Ok(None)
     }
 
@@ -272,8 +273,8 @@ macro_rules! forward_source {
             fn shards(&self) -> &[ShardInfo] {
                 (**self).shards()
             }
-            fn stream_shard(&self, shard: usize) -> Result<Option<RecordStream>> {
-                (**self).stream_shard(shard)
+            fn stream_shard(&self, shard: usize, parts: &Parts) -> Result<Option<RecordStream>> {
+                (**self).stream_shard(shard, parts)
             }
             fn damage(&self) -> &[Damage] {
                 (**self).damage()

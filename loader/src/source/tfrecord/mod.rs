@@ -217,27 +217,28 @@ impl Source for TfRecord {
         &self.set.infos
     }
 
-    fn stream_shard(&self, shard: usize) -> Result<Option<RecordStream>> {
+    /// A compressed shard's records in order, each with the named `parts`
+    /// as [`read_parts`](Source::read_parts) gives an uncompressed one's.
+    fn stream_shard(&self, shard: usize, parts: &Parts) -> Result<Option<RecordStream>> {
         let s = &self.shards[shard];
         if s.compression == Compression::None {
             return Ok(None);
         }
         let (file, _) = open_shard(&s.path)?;
         let mut reader = RecordReader::new(decompress(file, s.compression), &s.path);
-        let (path, image_key, label_key) = (
+        let (path, image_key, label_key, parts) = (
             s.path.clone(),
             self.opts.image_key.clone(),
             self.opts.label_key.clone(),
+            parts.clone(),
         );
         let stream = (0..s.count).map(move |number| {
             let (offset, data) = reader.next_record()?;
-            let (image, label, _) = parse_example(&data, &image_key, &label_key, &Parts::Default)
+            let (image, label, named) = parse_example(&data, &image_key, &label_key, &parts)
                 .map_err(|reason| shard_error(&path, offset, reason))?;
-            Ok(Record::encoded(
-                format!("{}#{number}", path.display()),
-                image,
-                label,
-            ))
+            let mut record = Record::encoded(format!("{}#{number}", path.display()), image, label);
+            record.parts = named;
+            Ok(record)
         });
         Ok(Some(Box::new(stream)))
     }
@@ -354,7 +355,7 @@ mod tests {
         assert_eq!((t.len(), t.shards[0].count), (200_000, 200_000));
         assert!(t.shards[0].records.is_empty(), "no per-record index");
         // Every record is there to stream (each fails to parse: empty).
-        let n = t.stream_shard(0).unwrap().unwrap().count();
+        let n = t.stream_shard(0, &Parts::Default).unwrap().unwrap().count();
         assert_eq!(n, 200_000);
 
         // A record whose header claims more than the stream holds: damage
