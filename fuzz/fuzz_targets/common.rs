@@ -20,7 +20,7 @@ pub fn exercise(src: &dyn Source) {
         let _ = src.read(i);
     }
     for s in 0..src.shards().len() {
-        if let Ok(Some(stream)) = src.stream_shard(s) {
+        if let Ok(Some(stream)) = src.stream_shard(s, &candle_wick::source::Parts::All) {
             stream.take(64).for_each(drop);
         }
     }

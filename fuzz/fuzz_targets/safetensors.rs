@@ -1,6 +1,6 @@
 //! safetensors shard headers, both layouts.
 #![no_main]
-use candle_wick::SafetensorsShards;
+use candle_wick::source::SafetensorsShards;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

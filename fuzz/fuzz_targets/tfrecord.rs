@@ -1,6 +1,6 @@
 //! TFRecord framing + tf.train.Example parsing, plain and GZIP.
 #![no_main]
-use candle_wick::TfRecord;
+use candle_wick::source::TfRecord;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

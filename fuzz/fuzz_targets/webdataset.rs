@@ -1,6 +1,6 @@
 //! WebDataset tar indexing and member reads.
 #![no_main]
-use candle_wick::WebDataset;
+use candle_wick::source::WebDataset;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]
