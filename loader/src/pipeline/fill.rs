@@ -191,11 +191,12 @@ impl Claimed<'_> {
             .map(|&(p, n)| {
                 // SAFETY: `claim_run` handed this sample to this claim's
                 // run only (`next` gives each index once), and its slots
-                // are disjoint ranges of the buffer (one per field), so no other slice of them exists while
-                // `&mut self` is borrowed; the buffer is alive and unmoved
-                // in `table.buf`, since `take_buf` gives it out only once
-                // `left` is 0, which needs the run's release, and these
-                // borrows end before the run's `release` can run.
+                // are disjoint ranges of the buffer (one per field), so no
+                // other slice of them exists while `&mut self` is borrowed;
+                // the buffer is alive and unmoved in `table.buf`, since
+                // `take_buf` gives it out only once `left` is 0, which needs
+                // the run's release, and these borrows end before the run's
+                // `release` can run.
                 unsafe { std::slice::from_raw_parts_mut(p, n) }
             })
     }
