@@ -201,12 +201,8 @@ impl Source for TfRecord {
         let mut buf = vec![0; len as usize + 16];
         read_exact_at(file, &shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
-        let (image, label, named) =
-            parse_example(data, &self.opts.image_key, &self.opts.label_key, parts)
-                .map_err(|reason| shard_error(&shard.path, offset, reason))?;
-        let mut record = Record::encoded(self.set.key(index), image, label);
-        record.parts = named;
-        Ok(record)
+        let at = (shard.path.as_path(), offset);
+        example_record(&self.opts, self.set.key(index), data, parts, at)
     }
 
     fn key(&self, index: usize) -> String {
@@ -226,19 +222,11 @@ impl Source for TfRecord {
         }
         let (file, _) = open_shard(&s.path)?;
         let mut reader = RecordReader::new(decompress(file, s.compression), &s.path);
-        let (path, image_key, label_key, parts) = (
-            s.path.clone(),
-            self.opts.image_key.clone(),
-            self.opts.label_key.clone(),
-            parts.clone(),
-        );
+        let (path, opts, parts) = (s.path.clone(), self.opts.clone(), parts.clone());
         let stream = (0..s.count).map(move |number| {
             let (offset, data) = reader.next_record()?;
-            let (image, label, named) = parse_example(&data, &image_key, &label_key, &parts)
-                .map_err(|reason| shard_error(&path, offset, reason))?;
-            let mut record = Record::encoded(format!("{}#{number}", path.display()), image, label);
-            record.parts = named;
-            Ok(record)
+            let key = format!("{}#{number}", path.display());
+            example_record(&opts, key, &data, &parts, (&path, offset))
         });
         Ok(Some(Box::new(stream)))
     }
@@ -246,6 +234,23 @@ impl Source for TfRecord {
     fn damage(&self) -> &[Damage] {
         &self.set.damage
     }
+}
+
+/// Record `key`: the `tf.train.Example` in `data` (at `offset` of `path`,
+/// for errors), its image and class from the features `opts` names, and
+/// the named `parts`.
+fn example_record(
+    opts: &TfRecordOptions,
+    key: String,
+    data: &[u8],
+    parts: &Parts,
+    (path, offset): (&Path, u64),
+) -> Result<Record> {
+    let (image, label, named) = parse_example(data, &opts.image_key, &opts.label_key, parts)
+        .map_err(|reason| shard_error(path, offset, reason))?;
+    let mut record = Record::encoded(key, image, label);
+    record.parts = named;
+    Ok(record)
 }
 
 fn decompress(file: File, c: Compression) -> Box<dyn BufRead + Send> {
