@@ -121,7 +121,6 @@ pub(super) fn process(
         k.budget.scratch.take(k.gate.limit())
     });
     let run = || -> Result<(String, Instant), (Option<String>, Error)> {
-        let t0 = start;
         // A cache entry that cannot be read back is a miss: the source
         // gives what an uncached run reads (and the error is counted).
         let cached = match shared.cache.as_ref().and_then(|c| c.get(index)) {
@@ -132,35 +131,29 @@ pub(super) fn process(
             hit => hit,
         };
         let hit = cached.is_some();
-        let pre_read = pre.is_some();
         let (record, read, read_end) = match (cached, pre) {
             (Some(r), _) => {
                 shared.counters.cache_hit();
                 let now = Instant::now();
-                (r, now - t0, now)
+                (r, now - start, now)
             }
-            (None, Some((record, read))) => (record, read, t0),
+            (None, Some((record, read))) => (record, read, start),
             (None, None) => {
                 let bytes = scratch.take_read_buffer();
                 let parts = &shared.parts;
                 let record = shared.source.read_parts(index, parts, bytes);
                 let now = Instant::now();
-                (record, now - t0, now)
+                (record, now - start, now)
             }
         };
         let mut record = record.map_err(|e| (None, e))?;
-        let mut filled = false;
+        // The map starts where the read ended, or after the cache fill.
+        let mut t1 = read_end;
         if let (Some(cache), false) = (&shared.cache, hit) {
             record = fill_cache(shared, cache, index, record).map_err(|(k, e)| (Some(k), e))?;
-            filled = true;
+            t1 = Instant::now();
         }
-        let read_end = if filled { Instant::now() } else { read_end };
         let schema = &shared.schema;
-        let t1 = if hit || pre_read {
-            Instant::now()
-        } else {
-            read_end
-        };
         let (lens, times) = {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
