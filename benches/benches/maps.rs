@@ -25,8 +25,12 @@
 //! token loader: `WICK_TOKEN_BATCH` (default 32), `WICK_TOKEN_WORKERS`
 //! (fixed workers, with `WICK_TOKEN_IN_FLIGHT` and `WICK_TOKEN_PREFETCH`,
 //! default 8 each; AUTOTUNE without it), `WICK_TOKEN_TRACE=out.json`
-//! (the loader's Chrome trace) and `WICK_TOKEN_LOADER_ONLY=1` (times the
-//! loader alone, for `perf record`). `WICK_BENCH_QUICK=1`
+//! (the loader's Chrome trace), `WICK_TOKEN_HISTORY=1` (prints AUTOTUNE's
+//! steps) and `WICK_TOKEN_LOADER_ONLY=1` (times the loader alone, for
+//! `perf record`). Under AUTOTUNE the loader first runs epochs for 3 s
+//! (0.3 s quick), so the rounds time the settings a long run settles on,
+//! not the first ones; the minor page faults per batch of each variant
+//! are printed beside the rates (a CPU batch is fresh memory). `WICK_BENCH_QUICK=1`
 //! (what CI runs) takes 120 images, 4 M tokens and 3
 //! rounds: a throughput line per change, too short for the claims.
 //!
@@ -198,12 +202,41 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
     let trace = std::env::var_os("WICK_TOKEN_TRACE");
     let loader_only = std::env::var_os("WICK_TOKEN_LOADER_ONLY").is_some();
     let mut loader = b.trace(trace.is_some()).build().expect("token loader");
+    // A run that lasts hours sees AUTOTUNE's steady state, not its first
+    // settings (one worker, two batches in flight, one prefetched): its
+    // windows are at least 0.2 s, and a round here is tens of
+    // milliseconds, so the loader runs whole epochs for a while first.
+    let warm = std::time::Duration::from_millis(if quick() { 300 } else { 3000 });
+    let t = Instant::now();
+    let mut warm_epochs = 0u64;
+    while t.elapsed() < warm && env("WICK_TOKEN_WORKERS").is_none() {
+        warm_epochs += 1;
+        for b in loader.epoch(1000 + warm_epochs) {
+            std::hint::black_box(b.expect("batch"));
+        }
+    }
+    let (f, p) = loader.queue_depths();
+    if std::env::var_os("WICK_TOKEN_HISTORY").is_some() {
+        for step in loader.autotune_history() {
+            println!("  {step:?}");
+        }
+    }
+    println!(
+        "tokens: AUTOTUNE warmed up for {warm_epochs} epochs ({:.1} s): {} workers, {f} batches \
+         in flight, prefetch {p}",
+        t.elapsed().as_secs_f64(),
+        loader.workers()
+    );
     let mut buf = vec![0u32; SEQ + 1];
     // Per round: the bare loop (the limit), the loader, and a loop on this
     // thread that builds each batch's `input` and `target` tensors itself
     // (what nanoGPT's `get_batch` does), for reference.
     let mut ratios = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    // Minor page faults per batch, by variant: a CPU batch is fresh memory
+    // (it becomes the tensor), and how much of it the allocator faults in
+    // anew (memory it gave back to the kernel) moves the rates a lot.
+    let mut faults = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     // One batch's `input` and `target` tensors, built on the calling thread.
     let build = |epoch: u64, indices: &[usize]| {
         let n = indices.len();
@@ -232,7 +265,7 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
             if loader_only && which != 1 {
                 continue;
             }
-            let t = Instant::now();
+            let (t, f0) = (Instant::now(), minor_faults());
             match which {
                 0 => {
                     for &i in &windows {
@@ -280,6 +313,9 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
                 }
             }
             this[which] = (windows.len() * SEQ) as f64 / t.elapsed().as_secs_f64();
+            if let (Some(a), Some(b)) = (f0, minor_faults()) {
+                faults[which].push(b.saturating_sub(a) as f64 / plan.len() as f64);
+            }
         }
         if round > 0 {
             ratios[0].push(this[1] / this[0]);
@@ -294,7 +330,23 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
     if let (Some(path), Some(trace)) = (trace, loader.trace()) {
         trace.write_chrome_json(path).expect("writing the trace");
     }
-    let m = |v: &[f64]| median(v.to_vec());
+    let m = |v: &[f64]| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            median(v.to_vec())
+        }
+    };
+    println!(
+        "tokens: minor page faults per batch (medians): bare loop {:.1}, loader {:.1}, one thread \
+         {:.1}, two threads {:.1}; the loader ran with {} workers, {:?} (in flight, prefetch)",
+        m(&faults[0]),
+        m(&faults[1]),
+        m(&faults[2]),
+        m(&faults[3]),
+        loader.workers(),
+        loader.queue_depths()
+    );
     if loader_only {
         println!(
             "tokens (seq_len {SEQ}, batch {batch}, {tokens} tokens), the loader alone: {:.0} M \
@@ -327,6 +379,14 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
         100.0 * m(&ratios[2]),
         100.0 * m(&ratios[3])
     );
+}
+
+/// This process's minor page faults so far (Linux; `None` elsewhere).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Field 10 (minflt), counted after the command name's closing paren.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(7)?.parse().ok()
 }
 
 fn main() {

@@ -3,9 +3,11 @@
 //!
 //! Like tf.data's autotuner it is a hill climb, but driven by the number
 //! that matters, the consumer's wait: while the training loop waits (more
-//! than 5% of a window), grow one knob (decode workers first, unless the
-//! measured per-stage times say the upload thread is the slower stage; then
-//! batches in flight, then prefetch) and keep the change only if throughput rose;
+//! than 5% of a window), grow one knob (decode workers by one first,
+//! unless the measured per-stage times say the upload thread is the slower
+//! stage; then batches in flight, then prefetch, each doubled) and keep a
+//! worker more only if throughput rose, more buffers unless throughput
+//! fell (a step undone is not retried for 50 windows);
 //! while it never waits, try giving a worker back and keep that only if
 //! throughput held, never going below a worker count that was once grown
 //! past because the consumer waited. Windows are at least 8 batches and
@@ -273,11 +275,22 @@ impl Tuner {
             rate,
             wait_share,
             now: [w, f, p],
-            fits: [
-                knobs.budget.fits(f, p, w + 1, cache),
-                knobs.budget.fits(f + 1, p, w, cache),
-                knobs.budget.fits(f, p + 1, w, cache),
-            ],
+            most: {
+                // Per knob, the most it can take (alone) within the budget.
+                let fits = |k: usize, v: usize| match k {
+                    0 => knobs.budget.fits(f, p, v, cache),
+                    1 => knobs.budget.fits(v, p, w, cache),
+                    _ => knobs.budget.fits(f, v, w, cache),
+                };
+                let limits = [knobs.max_workers, MAX_QUEUE, MAX_QUEUE];
+                std::array::from_fn(|k| {
+                    let mut v = [w, f, p][k];
+                    while v < limits[k] && fits(k, v + 1) {
+                        v += 1;
+                    }
+                    v
+                })
+            },
             upload_bound: counters.upload_bound(w),
             max_workers: knobs.max_workers,
         };

@@ -18,6 +18,10 @@ pub enum TuneKnob {
 
 const KNOBS: [TuneKnob; 3] = [TuneKnob::Workers, TuneKnob::InFlight, TuneKnob::Prefetch];
 
+/// Windows (at least 0.2 s each) a growth that did not help is not tried
+/// again: about ten seconds or more.
+const CEILING_WINDOWS: u32 = 50;
+
 /// What AUTOTUNE did at one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -95,8 +99,9 @@ pub(crate) struct Window {
     pub(crate) wait_share: f64,
     /// Workers, batches in flight and prefetch depth, by [`TuneKnob`].
     pub(crate) now: [usize; 3],
-    /// Whether one more of each (alone) fits the RAM budget.
-    pub(crate) fits: [bool; 3],
+    /// The most of each (alone, the others as they are) that fits the RAM
+    /// budget.
+    pub(crate) most: [usize; 3],
     /// The upload thread, not the workers, is the slower stage.
     pub(crate) upload_bound: bool,
     /// The most workers there can be.
@@ -117,8 +122,11 @@ struct Trial {
 pub(crate) struct Policy {
     auto: Auto,
     trial: Option<Trial>,
-    /// Per knob: a value that did not help; growth stops below it.
+    /// Per knob: a value that did not help; growth stops below it for
+    /// [`CEILING_WINDOWS`] windows (`ceiling_left`), then may try again:
+    /// one noisy window must not cap a run that lasts days.
     ceiling: [usize; 3],
+    ceiling_left: [u32; 3],
     /// Workers below which the consumer waited (a grown worker count that
     /// helped, or a shrink that hurt): never shrink below it.
     floor: usize,
@@ -131,6 +139,7 @@ impl Policy {
             auto,
             trial: None,
             ceiling: [usize::MAX; 3],
+            ceiling_left: [0; 3],
             floor: 1,
         }
     }
@@ -144,19 +153,35 @@ impl Policy {
     }
 
     /// The step to take after window `w`, if any. A trial from the window
-    /// before is judged first: a growth is kept when throughput rose by 3%,
-    /// a shrink when throughput held within 3% and the consumer still did
-    /// not wait; otherwise it is undone. With no trial: while the consumer
+    /// before is judged first: a worker more is kept when throughput rose
+    /// by 3%, a batch more in flight or prefetched when throughput did not
+    /// fall by 3%, a shrink when throughput held within 3% and the
+    /// consumer still did not wait; otherwise it is undone. With no trial: while the consumer
     /// waited more than [`INPUT_BOUND_SHARE`], grow the first knob that can
     /// (workers, unless the upload thread is the slower stage; then batches
     /// in flight, then prefetch), within the budget and below a value that
     /// did not help; while it waited under 1%, try one worker fewer.
     pub(crate) fn decide(&mut self, w: &Window) -> Option<TuneAction> {
+        for (c, left) in self.ceiling.iter_mut().zip(&mut self.ceiling_left) {
+            if *left > 0 {
+                *left -= 1;
+                if *left == 0 {
+                    *c = usize::MAX;
+                }
+            }
+        }
         if let Some(t) = self.trial.take() {
             let kept = if t.shrink {
                 w.rate >= 0.97 * t.rate_before && w.wait_share <= INPUT_BOUND_SHARE
-            } else {
+            } else if t.knob == TuneKnob::Workers {
                 w.rate >= 1.03 * t.rate_before
+            } else {
+                // A buffer more costs memory (already within the budget),
+                // not CPU: kept unless throughput fell. Asking a queue
+                // step to raise throughput by 3% let one noisy window cap
+                // it for good (a cheap map's batches take tens of
+                // microseconds, and windows of them are noisy).
+                w.rate >= 0.97 * t.rate_before
             };
             let now = w.now[t.knob as usize];
             if kept {
@@ -170,6 +195,7 @@ impl Policy {
                 self.floor = t.old;
             } else {
                 self.ceiling[t.knob as usize] = now;
+                self.ceiling_left[t.knob as usize] = CEILING_WINDOWS;
             }
             return Some(TuneAction::Revert {
                 knob: t.knob,
@@ -180,15 +206,22 @@ impl Policy {
             });
         }
         if w.wait_share > INPUT_BOUND_SHARE {
-            let can = |k: TuneKnob| {
+            // The value a growth of `k` tries: a worker more (each costs a
+            // core), or twice the buffers (they cost only memory, so the
+            // climb takes three steps to the queue limit, not seven), within
+            // the budget and below a value that did not help.
+            let next = |k: TuneKnob| {
                 let v = w.now[k as usize];
-                let room = match k {
+                let to = match k {
                     // More workers cannot outrun a slower upload thread.
-                    TuneKnob::Workers => v < w.max_workers && !w.upload_bound,
-                    _ => v < MAX_QUEUE,
+                    TuneKnob::Workers if w.upload_bound => v,
+                    TuneKnob::Workers => (v + 1).min(w.max_workers),
+                    _ => (2 * v).min(MAX_QUEUE),
                 };
-                self.owns(k) && room && w.fits[k as usize] && v + 1 < self.ceiling[k as usize]
+                let below = self.ceiling[k as usize].saturating_sub(1);
+                to.min(w.most[k as usize]).min(below)
             };
+            let can = |k: TuneKnob| self.owns(k) && next(k) > w.now[k as usize];
             let knob = KNOBS.into_iter().find(|&k| can(k))?;
             let old = w.now[knob as usize];
             self.trial = Some(Trial {
@@ -200,7 +233,7 @@ impl Policy {
             return Some(TuneAction::Grow {
                 knob,
                 from: old,
-                to: old + 1,
+                to: next(knob),
             });
         }
         let workers = w.now[TuneKnob::Workers as usize];
@@ -240,7 +273,7 @@ mod tests {
             rate,
             wait_share: wait,
             now,
-            fits: [true; 3],
+            most: [4, MAX_QUEUE, MAX_QUEUE],
             upload_bound: false,
             max_workers: 4,
         }
@@ -287,7 +320,7 @@ mod tests {
     }
 
     #[test]
-    fn a_growth_that_does_not_help_is_undone_and_never_retried() {
+    fn a_growth_that_does_not_help_is_undone_and_retried_only_much_later() {
         let mut p = Policy::new(ALL);
         let mut now = [1, 2, 1];
         // Workers 1 -> 2 helps, 2 -> 3 does not (20.0 against 20.2): back
@@ -323,10 +356,70 @@ mod tests {
             Grow {
                 knob: InFlight,
                 from: 2,
-                to: 3
+                to: 4
             }
         );
         assert_eq!(p.ceiling[Workers as usize], 3);
+        // Queues at their limit, the consumer still waiting: nothing to
+        // try until the ceiling expires, then workers 2 -> 3 again.
+        now = [2, MAX_QUEUE, MAX_QUEUE];
+        let waiting = vec![(20.0, 0.5); CEILING_WINDOWS as usize - 2];
+        assert!(run(&mut p, &mut now, &waiting).is_empty());
+        assert_eq!(
+            run(&mut p, &mut now, &[(20.0, 0.5)]),
+            [Grow {
+                knob: Workers,
+                from: 2,
+                to: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn a_queue_step_doubles_and_is_kept_unless_throughput_falls() {
+        // Workers at their limit (4 cores): the queues grow, doubling. A
+        // step that leaves throughput level (noise either way) is kept; one
+        // after which it falls by more than 3% is undone, and the next try
+        // stays below it.
+        let mut p = Policy::new(ALL);
+        let mut now = [4, 2, 1];
+        let w = [
+            (20.0, 0.5),
+            (19.8, 0.5),
+            (20.1, 0.5),
+            (18.0, 0.5),
+            (20.0, 0.5),
+        ];
+        let steps = run(&mut p, &mut now, &w);
+        assert_eq!(
+            steps,
+            [
+                Grow {
+                    knob: InFlight,
+                    from: 2,
+                    to: 4
+                },
+                Grow {
+                    knob: InFlight,
+                    from: 4,
+                    to: 8
+                },
+                Revert {
+                    knob: InFlight,
+                    from: 8,
+                    to: 4,
+                    rate: 18.0,
+                    before: 20.1
+                },
+                Grow {
+                    knob: InFlight,
+                    from: 4,
+                    to: 7
+                },
+            ]
+        );
+        assert_eq!(p.ceiling[InFlight as usize], 8);
+        assert_eq!(now, [4, 7, 1]);
     }
 
     #[test]
@@ -341,7 +434,7 @@ mod tests {
             Some(Grow {
                 knob: InFlight,
                 from: 2,
-                to: 3
+                to: 4
             })
         );
     }
@@ -350,12 +443,26 @@ mod tests {
     fn nothing_grows_past_the_budget_the_cores_or_the_queue_limit() {
         let mut p = Policy::new(ALL);
         let full = Window {
-            fits: [false; 3],
+            most: [1, 2, 1],
             ..window(10.0, 0.9, [1, 2, 1])
         };
         assert_eq!(p.decide(&full), None, "no step fits the RAM budget");
+        let three_in_flight = Window {
+            most: [1, 3, 1],
+            ..window(10.0, 0.9, [1, 2, 1])
+        };
+        assert_eq!(
+            p.decide(&three_in_flight),
+            Some(Grow {
+                knob: InFlight,
+                from: 2,
+                to: 3
+            }),
+            "a doubling is cut to what fits"
+        );
+        let mut p = Policy::new(ALL);
         let only_prefetch = Window {
-            fits: [false, false, true],
+            most: [1, 2, MAX_QUEUE],
             ..window(10.0, 0.9, [1, 2, 1])
         };
         assert_eq!(
@@ -383,7 +490,7 @@ mod tests {
             Some(Grow {
                 knob: InFlight,
                 from: 2,
-                to: 3
+                to: 4
             })
         );
         let mut p = Policy::new(Auto {
