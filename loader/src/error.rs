@@ -27,6 +27,15 @@ pub enum Error {
     #[error("invalid loader config: {0}")]
     InvalidConfig(String),
 
+    /// A [`LoaderState`](crate::state::LoaderState) given to
+    /// [`resume`](crate::LoaderBuilder::resume) was saved by a loader with
+    /// another source or other settings (or another format version).
+    #[error("cannot resume from this state: {}", .differences.join("; "))]
+    StateMismatch {
+        /// Each setting that differs, with both values.
+        differences: Vec<String>,
+    },
+
     /// A dataset (folder, file list) could not be opened or listed.
     #[error("cannot open dataset {path:?}: {reason}{}", suffix(.source))]
     Dataset {

@@ -101,6 +101,7 @@ mod pipeline;
 mod pool;
 mod rng;
 pub mod source;
+pub mod state;
 pub mod stats;
 mod transform;
 pub mod tune;
@@ -113,6 +114,7 @@ pub use layout::{FloatType, NormalizeAt, Output, IMAGENET_MEAN, IMAGENET_STD};
 pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use source::{open_path, Source};
+pub use state::LoaderState;
 pub use transform::Transforms;
 pub use tune::{Setting, AUTOTUNE};
 

@@ -15,6 +15,7 @@ use crate::order::sampler::Sampler;
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
 use crate::source::Source;
+use crate::state::{shard_table, Identity, LoaderState, Position};
 use crate::stats::trace::Trace;
 use crate::stats::Counters;
 use crate::transform::{ImageTransform, Transforms};
@@ -57,6 +58,8 @@ pub struct LoaderBuilder {
     pub(super) map: Option<Arc<dyn Map>>,
     /// Which image settings were given (they configure the built-in map).
     pub(super) image_settings: Vec<&'static str>,
+    /// A saved state to continue from.
+    pub(super) resume: Option<LoaderState>,
 }
 
 impl LoaderBuilder {
@@ -85,7 +88,26 @@ impl LoaderBuilder {
             guards: Guards::default(),
             map: None,
             image_settings: Vec::new(),
+            resume: None,
         }
+    }
+
+    /// Continues a run from `state` (from [`Loader::state`],
+    /// [`Batch::state`](crate::Batch::state) or
+    /// [`Epoch::state`](crate::Epoch::state), saved in this process or
+    /// another): [`Loader::next_epoch`] then yields exactly the batches the
+    /// uninterrupted run would have yielded from there, with any worker
+    /// count, batches in flight, prefetch depth, device or RAM budget.
+    /// `build` refuses a state whose source or settings differ from this
+    /// loader's, naming each difference ([`Error::StateMismatch`]).
+    ///
+    /// In the random-access mode resuming costs nothing; in the streaming
+    /// mode the loader re-reads, without decoding, the records of the
+    /// epoch before the saved batch (its shuffle buffer is rebuilt from
+    /// them): at most one epoch of record reads.
+    pub fn resume(mut self, state: LoaderState) -> Self {
+        self.resume = Some(state);
+        self
     }
 
     /// Samples per batch. Default 32.
@@ -376,6 +398,39 @@ impl LoaderBuilder {
             }
         };
         let schema = Arc::new(Schema::new(&map.fields(), self.batch_size)?);
+        let identity = Identity {
+            seed,
+            shuffle: self.shuffle.is_some(),
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            rank,
+            world_size,
+            mode: match self.interleave {
+                Some(il) => format!(
+                    "streaming ({il:?}, shuffle buffer {})",
+                    self.shuffle_buffer.unwrap_or(1024)
+                ),
+                None => "random access".into(),
+            },
+            source_len: self.source.len(),
+            source_shards: shard_table(&*self.source),
+            fields: schema
+                .fields
+                .iter()
+                .map(|f| format!("{} {:?} {:?}", f.field.name, f.field.dtype, f.field.shape))
+                .collect(),
+            map: transform
+                .as_ref()
+                .map(|t: &ImageTransform| format!("{} {:?}", t.describe(), self.output)),
+        };
+        // Checked before any thread starts.
+        let position = match &self.resume {
+            Some(state) => {
+                state.check(&identity)?;
+                state.position()
+            }
+            None => Position::default(),
+        };
         // Where AUTOTUNE starts each setting it owns.
         let start = |name: &str, s: Setting, auto_start: usize| match s {
             Setting::Fixed(0) => Err(Error::InvalidConfig(format!(
@@ -441,10 +496,18 @@ impl LoaderBuilder {
             counters,
             device: self.device,
             bad_samples: self.bad_samples,
+            identity: Arc::new(identity),
         });
         let channel = if auto.prefetch { MAX_QUEUE } else { prefetch };
         let most_in_flight = if auto.in_flight { MAX_QUEUE } else { in_flight };
-        Loader::start(shared, order, max_workers, most_in_flight, channel)
+        Loader::start(
+            shared,
+            order,
+            max_workers,
+            most_in_flight,
+            channel,
+            position,
+        )
     }
 }
 

@@ -5,6 +5,7 @@ use crate::cache::Cache;
 use crate::device::{Guard, Guards, Ready};
 use crate::error::{Error, Result};
 use crate::fields::Schema;
+use crate::state::{Identity, LoaderState, Position};
 use crate::stats::trace::LANE_CONSUMER;
 use crate::stats::Stats;
 use candle_core::Tensor;
@@ -42,6 +43,9 @@ pub struct Batch {
     pub skipped: Vec<Skipped>,
     /// After the loader's last write to the batch on the device.
     pub(super) ready: Ready,
+    /// The loader's position after this batch, and its identity.
+    pub(super) after: Position,
+    pub(super) identity: Arc<Identity>,
 }
 
 impl Batch {
@@ -53,6 +57,14 @@ impl Batch {
     /// Does nothing on the CPU and Metal.
     pub fn wait_ready_on_current_stream(&self) -> Result<()> {
         self.ready.wait_on_current_stream()
+    }
+
+    /// The loader's state after this batch: save it with a checkpoint
+    /// taken after the step that used the batch, and a loader built with
+    /// [`LoaderBuilder::resume`](crate::LoaderBuilder::resume) goes on
+    /// with the batch after it.
+    pub fn state(&self) -> LoaderState {
+        self.after.state(&self.identity)
     }
 
     /// Field `name`'s tensor, or an error listing the batch's fields.
@@ -142,6 +154,10 @@ impl Drop for Pending {
 #[derive(Debug)]
 pub struct Epoch<'a> {
     pub(super) loader: &'a mut Loader,
+    pub(super) epoch: u64,
+    /// The next batch to deliver, and every batch's planned samples.
+    pub(super) next: usize,
+    pub(super) sizes: Arc<[usize]>,
     pub(super) rx: Option<Receiver<Result<Pending>>>,
     pub(super) cancel: Arc<AtomicBool>,
     pub(super) gen: u64,
@@ -153,6 +169,12 @@ impl Epoch<'_> {
     /// The loader's counters, as [`Loader::stats`].
     pub fn stats(&self) -> Stats {
         self.loader.stats()
+    }
+
+    /// The loader's state after the batches taken so far, as
+    /// [`Loader::state`].
+    pub fn state(&self) -> LoaderState {
+        self.loader.state()
     }
 }
 
@@ -190,8 +212,13 @@ impl Iterator for Epoch<'_> {
                 // The consumer's stream waits for the loader's writes, on
                 // the consumer's thread ([`Guard::Ready`]).
                 let guards = shared.uploader.guards();
+                // Every batch taken, an `Err` one too, moves the position.
+                self.next += 1;
+                let after = Position::new(self.epoch, self.next, &self.sizes);
+                self.loader.position = after;
                 Some(item.and_then(|p| {
-                    let batch = p.take();
+                    let mut batch = p.take();
+                    batch.after = after;
                     if guards.on(Guard::Ready) {
                         if let Err(e) = batch.ready.wait_on_current_stream() {
                             // Dropped undelivered after all: wait for it.

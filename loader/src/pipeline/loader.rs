@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::order::sampler::{Plan, Sampler};
 use crate::order::stream::StreamPlanner;
 use crate::source::Source;
+use crate::state::{shard_table, LoaderState, Position};
 use crate::stats::trace::Trace;
 use crate::stats::Stats;
 use crate::transform::ImageTransform;
@@ -52,6 +53,8 @@ pub struct Loader {
     pub(super) decode_pool: Option<Arc<rayon::ThreadPool>>,
     pub(super) decode_threads: DecodeThreads,
     pub(super) prefetch: usize,
+    /// The next batch the consumer gets ([`state`](Self::state)).
+    pub(super) position: Position,
 }
 
 impl Loader {
@@ -83,6 +86,7 @@ impl Loader {
         workers: usize,
         in_flight: usize,
         prefetch: usize,
+        position: Position,
     ) -> Result<Self> {
         // Spawning the pool's threads ourselves keeps their handles, so
         // dropping the loader can join them (rayon's own drop does not wait).
@@ -123,6 +127,7 @@ impl Loader {
             decode_pool: Some(decode_pool.clone()),
             decode_threads: handles,
             prefetch,
+            position,
         };
         let feeder_shared = shared.clone();
         loader.spawn("wick-feed", move || {
@@ -152,12 +157,55 @@ impl Loader {
         self.epoch_from(epoch, 0)
     }
 
+    /// The batches from the loader's position on ([`state`](Self::state)):
+    /// the rest of the epoch the consumer was in when it stopped taking
+    /// batches, or the next epoch after one it finished; after
+    /// [`LoaderBuilder::resume`](crate::LoaderBuilder::resume), the batches
+    /// the saved run would have yielded next. A resumable training loop:
+    ///
+    /// ```no_run
+    /// # fn main() -> candle_wick::Result<()> {
+    /// # let saved: Option<candle_wick::LoaderState> = None;
+    /// # let source = candle_wick::source::ImageFolder::new("data/train")?;
+    /// let mut builder = candle_wick::Loader::builder(source).shuffle(42);
+    /// if let Some(state) = saved {
+    ///     builder = builder.resume(state);
+    /// }
+    /// let mut loader = builder.build()?;
+    /// while loader.state().epoch < 90 {
+    ///     for batch in loader.next_epoch() {
+    ///         let batch = batch?;
+    ///         // ... a training step; then, to checkpoint, keep
+    ///         // `batch.state()` (serde) with the model's weights.
+    ///         # let _ = batch.state();
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn next_epoch(&mut self) -> Epoch<'_> {
+        let Position { epoch, batch, .. } = self.position;
+        self.epoch_from(epoch, batch)
+    }
+
+    /// Where the loader is: the next batch [`next_epoch`](Self::next_epoch)
+    /// yields (the one after the last batch the consumer took), with what
+    /// decides which batch that is. Save it (serde) to resume the run
+    /// later, in this process or another, with
+    /// [`LoaderBuilder::resume`](crate::LoaderBuilder::resume). While an
+    /// epoch is being iterated, [`Epoch::state`] and
+    /// [`Batch::state`](crate::Batch::state) give the same.
+    pub fn state(&self) -> LoaderState {
+        self.position.state(&self.shared.identity)
+    }
+
     /// The batches of epoch `epoch` from batch `start` on, to resume an
     /// interrupted epoch: they equal the batches a full run yields from
     /// there. A `start` past the end gives an empty epoch.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
         let plan = self.order.plan(epoch);
         let total = plan.batches.len();
+        let sizes: Arc<[usize]> = plan.batches.iter().map(|b| b.len()).collect();
+        self.position = Position::new(epoch, start, &sizes);
         let stream = match &self.order {
             Order::Stream(s) => Some(RecordIter(Box::new(s.records(
                 epoch,
@@ -190,6 +238,9 @@ impl Loader {
         let started = self.cmd.as_ref().is_some_and(|c| c.send(cmd).is_ok());
         self.shared.counters.epoch_started();
         Epoch {
+            epoch,
+            next: start,
+            sizes,
             remaining: total - start,
             expected: total - start,
             rx: started.then_some(out_rx),
@@ -209,7 +260,7 @@ impl Loader {
     pub fn fingerprint(&self) -> u32 {
         let s = &self.shared;
         let mut text = format!(
-            "wick-plan-v2 len {} batches {} batch {} seed {}",
+            "wick-plan-v3 len {} batches {} batch {} seed {}",
             s.source.len(),
             self.len(),
             s.schema.batch,
@@ -219,15 +270,7 @@ impl Loader {
             let f = &f.field;
             text.push_str(&format!(" field {} {:?} {:?}", f.name, f.dtype, f.shape));
         }
-        for shard in s.source.shards() {
-            let name = shard.path.file_name().unwrap_or(shard.path.as_os_str());
-            text.push_str(&format!(
-                " | {} {} {}",
-                name.to_string_lossy(),
-                shard.first,
-                shard.records
-            ));
-        }
+        text.push_str(&format!(" shards {:08x}", shard_table(&*s.source)));
         crc32c::crc32c(text.as_bytes())
     }
 

@@ -100,6 +100,8 @@ struct Shared {
     uploader: Uploader,
     /// Signalled when the prefetch queue may have room for the uploader.
     room: Room,
+    /// What decides order and content ([`crate::LoaderState`]).
+    identity: Arc<crate::state::Identity>,
 }
 
 impl Shared {

@@ -141,6 +141,8 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
                                 index,
                                 skipped: host.skipped,
                                 ready: up.ready,
+                                after: Default::default(),
+                                identity: shared.identity.clone(),
                             }),
                             guards: shared.uploader.guards(),
                         })

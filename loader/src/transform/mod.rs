@@ -164,6 +164,12 @@ impl ImageTransform {
         self.output
     }
 
+    /// The geometric settings (transforms and size), for the resumable
+    /// state's identity (the builder adds the output layout).
+    pub(crate) fn describe(&self) -> String {
+        format!("{:?} {}x{}", self.transforms, self.width, self.height)
+    }
+
     /// The geometric transforms.
     pub fn transforms(&self) -> Transforms {
         self.transforms
