@@ -4,7 +4,14 @@
 //! it writes once as JPEG files, so the whole input path runs: files, decode,
 //! augmentation, batching, device upload. Each epoch prints the loss, the
 //! accuracy, images/s and the share of step time spent waiting for data.
+//!
+//! With `--checkpoint DIR` it saves the weights, the step and the loader's
+//! state every `--checkpoint-every` steps, at the end, and on Ctrl-C or
+//! SIGTERM (the step running finishes, then it saves and exits 0; a second
+//! Ctrl-C exits at once); `--resume DIR` continues from the latest one,
+//! with exactly the batches the uninterrupted run would have trained on.
 
+mod checkpoint;
 mod model;
 mod plot;
 mod shapes;
@@ -14,6 +21,7 @@ use candle_nn::{loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use candle_wick::source::ImageFolder;
 use candle_wick::{Loader, Setting, Transforms};
 use clap::Parser;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -67,6 +75,25 @@ struct Args {
     /// Draw step time and data wait over the run as an SVG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write checkpoints here (model weights, step, loader state): every
+    /// `--checkpoint-every` steps, at the end, and on Ctrl-C / SIGTERM.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end and on Ctrl-C).
+    #[arg(long, default_value_t = 100)]
+    checkpoint_every: u64,
+    /// Continue the run checkpointed in this directory (its latest
+    /// checkpoint); new checkpoints go there too unless `--checkpoint`
+    /// names another. The other settings must be the run's (the loader
+    /// refuses a state from other data or settings, saying what differs).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Append every trained sample's key to this file, a line each
+    /// (`epoch<TAB>step<TAB>key`); on `--resume`, lines of steps after the
+    /// checkpoint are dropped first, so the file lists what the whole run
+    /// trained on.
+    #[arg(long)]
+    keys_log: Option<PathBuf>,
 }
 
 /// CUDA, then Metal, then the CPU; says how to get a GPU build.
@@ -142,23 +169,59 @@ fn main() -> Res<()> {
     } else {
         Transforms::train()
     };
+    let resumed = args.resume.as_deref().map(checkpoint::latest).transpose()?;
     let mut train = builder(train_set)
         .transforms(train_tf)
         .shuffle(args.seed)
-        .trace(args.trace.is_some())
-        .build()?;
+        .trace(args.trace.is_some());
+    if let Some((_, saved)) = &resumed {
+        train = train.resume(saved.loader.clone());
+    }
+    let mut train = train.build()?;
     let trace = train.trace();
     let mut val = match &val_dir {
         Some(dir) => Some(builder(ImageFolder::new(dir)?).eval_transforms().build()?),
         None => None,
     };
 
-    let varmap = VarMap::new();
+    let mut varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
     if args.depth < 8 || (args.depth - 2) % 6 != 0 {
         return Err(format!("--depth must be 6n+2 (8, 14, 20, ...), got {}", args.depth).into());
     }
     let model = model::ResNet::new((args.depth - 2) / 6, args.width, classes, vb)?;
+    let mut step = 0;
+    if let Some((folder, saved)) = &resumed {
+        varmap.load(folder.join("model.safetensors"))?;
+        step = saved.step;
+        if let Some(log) = &args.keys_log {
+            checkpoint::truncate_keys_log(log, step)?;
+        }
+        println!(
+            "resumed: {} at step {step}, epoch {} batch {} (AdamW's moments are not saved: \
+             they warm up again)",
+            folder.display(),
+            saved.loader.epoch,
+            saved.loader.batch
+        );
+    }
+    let checkpoints = args.checkpoint.clone().or(args.resume.clone());
+    let mut keys_log = match &args.keys_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+        None => None,
+    };
+    // Ctrl-C / SIGTERM ask the loop to stop after the step running; a
+    // second one exits at once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
     let mut opt = AdamW::new(
         varmap.all_vars(),
         ParamsAdamW {
@@ -184,12 +247,17 @@ fn main() -> Res<()> {
     );
     let mut timeline = plot::Timeline::default();
 
-    for epoch in 0..args.epochs {
+    let (first_epoch, first_batch) = resumed
+        .as_ref()
+        .map_or((0, 0), |(_, s)| (s.loader.epoch, s.loader.batch));
+    let mut last_state = None;
+    for epoch in first_epoch..args.epochs {
         let (mut wait, mut compute) = (Duration::ZERO, Duration::ZERO);
         let (mut loss_sum, mut correct, mut seen) = (0.0f64, 0u64, 0u64);
         let start = Instant::now();
-        let mut batches = train.epoch(epoch);
-        for _ in 0..steps_per_epoch {
+        let first = if epoch == first_epoch { first_batch } else { 0 };
+        let mut batches = train.epoch_from(epoch, first);
+        for _ in first..steps_per_epoch {
             let t0 = Instant::now();
             let Some(batch) = batches.next() else { break };
             let batch = batch?;
@@ -208,6 +276,39 @@ fn main() -> Res<()> {
                 trace.span("train step", t1, t2);
             }
             timeline.push(epoch, t1 - t0, t2 - t1);
+            if let Some(log) = keys_log.as_mut() {
+                let lines: String = batch
+                    .keys
+                    .iter()
+                    .map(|k| format!("{epoch}\t{step}\t{k}\n"))
+                    .collect();
+                log.write_all(lines.as_bytes())?;
+            }
+            step += 1;
+            let state = batch.state();
+            let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
+            if let Some(dir) = &checkpoints {
+                let every = args.checkpoint_every;
+                if interrupted || (every > 0 && step % every == 0) {
+                    let saved = checkpoint::Saved {
+                        step,
+                        loader: state.clone(),
+                    };
+                    checkpoint::save(dir, &varmap, &saved)?;
+                }
+            }
+            if interrupted {
+                match &checkpoints {
+                    Some(dir) => println!(
+                        "interrupted: checkpoint at step {step} in {} (continue with --resume {})",
+                        dir.display(),
+                        dir.display()
+                    ),
+                    None => println!("interrupted at step {step} (no --checkpoint: nothing saved)"),
+                }
+                return Ok(());
+            }
+            last_state = Some(state);
         }
         drop(batches);
         let elapsed = start.elapsed();
@@ -231,6 +332,14 @@ fn main() -> Res<()> {
             train.workers(),
             train.stats().verdict
         );
+    }
+    if let (Some(dir), Some(state)) = (&checkpoints, last_state) {
+        let saved = checkpoint::Saved {
+            step,
+            loader: state,
+        };
+        let folder = checkpoint::save(dir, &varmap, &saved)?;
+        println!("checkpoint: {}", folder.display());
     }
     println!("loader report:\n{}", train.stats().report());
     if let (Some(path), Some(trace)) = (&args.trace, &trace) {
