@@ -27,6 +27,32 @@ pub enum Error {
     #[error("invalid loader config: {0}")]
     InvalidConfig(String),
 
+    /// A read that failed with a transient error every time it was tried
+    /// ([`LoaderBuilder::retry`](crate::LoaderBuilder::retry)): the last
+    /// error, and how many tries there were.
+    #[error("after {attempts} tries: {source}")]
+    Retried {
+        /// Reads tried, the first one included.
+        attempts: u32,
+        /// The last one's error.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// An image's header declares more pixels, or more decoded bytes, than
+    /// the loader allows: refused before anything is allocated for it.
+    #[error("{key:?} is {width}x{height}: {reason}")]
+    ImageTooLarge {
+        /// The sample's key.
+        key: String,
+        /// Width its header declares.
+        width: u32,
+        /// Height its header declares.
+        height: u32,
+        /// Which limit, and how to raise it.
+        reason: String,
+    },
+
     /// A [`LoaderState`](crate::state::LoaderState) given to
     /// [`resume`](crate::LoaderBuilder::resume) was saved by a loader with
     /// another source or other settings (or another format version).
@@ -204,6 +230,8 @@ impl Error {
                 | Error::EmptyFile { .. }
                 | Error::Decode { .. }
                 | Error::Transform { .. }
+                | Error::ImageTooLarge { .. }
+                | Error::Retried { .. }
                 | Error::IndexOutOfRange { .. }
                 | Error::WorkerPanic { .. }
         )
@@ -227,16 +255,47 @@ impl Error {
     pub fn is_config_error(&self) -> bool {
         matches!(
             self,
-            Error::InvalidConfig(_) | Error::Dataset { .. } | Error::FileList { .. }
+            Error::InvalidConfig(_)
+                | Error::StateMismatch { .. }
+                | Error::Dataset { .. }
+                | Error::FileList { .. }
         )
+    }
+
+    /// Whether trying the same read again may succeed: somewhere in the
+    /// cause chain is an I/O error that says so (interrupted, would block,
+    /// timed out, a connection reset or aborted, `EIO`, `EAGAIN`, `EINTR`,
+    /// `EBUSY`, `ETIMEDOUT`), not one about the data (missing, corrupt).
+    pub fn is_transient(&self) -> bool {
+        use std::io::ErrorKind::*;
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                let transient_kind = matches!(
+                    io.kind(),
+                    Interrupted | WouldBlock | TimedOut | ConnectionReset | ConnectionAborted
+                );
+                // EINTR, EIO, EAGAIN, EBUSY, ETIMEDOUT (Linux numbering;
+                // the kinds above cover them elsewhere).
+                let transient_os = cfg!(target_os = "linux")
+                    && matches!(io.raw_os_error(), Some(4 | 5 | 11 | 16 | 110));
+                if transient_kind || transient_os {
+                    return true;
+                }
+            }
+            cur = e.source();
+        }
+        false
     }
 
     /// The key of the sample this error is about, when it is about one.
     pub fn sample_key(&self) -> Option<&str> {
         match self {
+            Error::Retried { source, .. } => source.sample_key(),
             Error::EmptyFile { key }
             | Error::Decode { key, .. }
             | Error::Transform { key, .. }
+            | Error::ImageTooLarge { key, .. }
             | Error::WorkerPanic { key, .. } => Some(key),
             _ => None,
         }

@@ -188,3 +188,62 @@ fn skipping_keeps_each_image_with_its_key() {
     }
     assert_eq!(checked, 12);
 }
+
+#[test]
+fn the_bad_samples_log_lists_each_bad_file_once_with_its_whole_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dataset(dir.path());
+    let log = dir.path().join("quarantine.jsonl");
+    // Under `Fail`, one batch of all 15 samples: the batch's error names
+    // the first bad file, and the log lists all three.
+    for (policy, batch) in [(BadSamples::Skip, 4), (BadSamples::Fail, 15)] {
+        let mut loader = Loader::builder(FileList::new(&list).unwrap())
+            .batch_size(batch)
+            .image_size(16)
+            .workers(2)
+            .bad_samples(policy)
+            .bad_samples_log(&log)
+            .build()
+            .unwrap();
+        for epoch in 0..3 {
+            for b in loader.epoch(epoch) {
+                let _ = b;
+            }
+        }
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Each key once per loader (two loaders appended to the same file).
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let names = |ls: &[serde_json::Value]| -> HashSet<String> {
+        ls.iter()
+            .map(|l| {
+                let key = l["key"].as_str().unwrap();
+                Path::new(key).file_name().unwrap().to_string_lossy().into()
+            })
+            .collect()
+    };
+    assert_eq!(names(&lines[3..]).len(), 3, "the failed batch's three");
+    let want: HashSet<String> = ["corrupt.jpg", "empty.jpg", "missing.jpg"]
+        .map(String::from)
+        .into();
+    assert_eq!(names(&lines), want);
+    for l in &lines {
+        let (key, reason) = (l["key"].as_str().unwrap(), l["reason"].as_str().unwrap());
+        assert!(reason.contains(key), "{reason}");
+        assert!(l["epoch"].is_u64() && l["index"].is_u64(), "{l}");
+        if key.ends_with("missing.jpg") {
+            // The whole chain: the OS's own words too.
+            assert!(reason.contains("No such file or directory"), "{reason}");
+        }
+    }
+    // A log that cannot be opened is an error from build.
+    let err = Loader::builder(FileList::new(&list).unwrap())
+        .bad_samples_log(dir.path().join("no/such/dir/log.jsonl"))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("bad-samples log"), "{err}");
+}

@@ -6,3 +6,150 @@
 pub(crate) const MAX_SIDE: u32 = 32_768;
 /// Largest decoded image, in bytes (1 GiB).
 pub(crate) const MAX_ALLOC: u64 = 1 << 30;
+
+/// Pillow's decompression-bomb limit (`Image.MAX_IMAGE_PIXELS`): the most
+/// pixels a sample may declare unless the loader is built with another
+/// [`max_pixels`](crate::LoaderBuilder::max_pixels).
+pub(crate) const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
+
+/// What one decode may take, checked against the file's header before the
+/// decoder allocates anything large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Most pixels (width x height).
+    pub(crate) max_pixels: u64,
+    /// Most bytes of decoded pixels (RGB), at most [`MAX_ALLOC`]: what
+    /// the RAM budget grants one worker's scratch.
+    pub(crate) max_bytes: u64,
+    /// How `max_bytes` was chosen, for the error.
+    pub(crate) workers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_pixels: DEFAULT_MAX_PIXELS,
+            max_bytes: MAX_ALLOC,
+            workers: 0,
+        }
+    }
+}
+
+impl Limits {
+    /// The image's size from its header, refused when it passes a limit.
+    /// A header the probe cannot read passes: the decoder then fails with
+    /// its own error naming what is wrong.
+    pub(crate) fn check(&self, key: &str, bytes: &[u8]) -> crate::Result<()> {
+        let Some((width, height)) = dimensions(bytes) else {
+            return Ok(());
+        };
+        let pixels = u64::from(width) * u64::from(height);
+        let reason = if pixels > self.max_pixels {
+            format!(
+                "more than the limit of {} pixels, a guard against decompression bombs \
+                 (LoaderBuilder::max_pixels raises it)",
+                self.max_pixels
+            )
+        } else if pixels * 3 > self.max_bytes.min(MAX_ALLOC) {
+            if self.max_bytes < MAX_ALLOC {
+                format!(
+                    "its {} decoded bytes are more than the {} the RAM budget grants each of \
+                     {} decode workers (raise ram_budget)",
+                    pixels * 3,
+                    self.max_bytes,
+                    self.workers
+                )
+            } else {
+                format!("its {} decoded bytes are more than {MAX_ALLOC}", pixels * 3)
+            }
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::ImageTooLarge {
+            key: key.into(),
+            width,
+            height,
+            reason,
+        })
+    }
+}
+
+/// Width and height from the header (JPEG, PNG, WebP, BMP, sniffed), read
+/// without decoding; `None` when the header cannot be read.
+fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?
+        .into_dimensions()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PNG declaring `w x h` whose pixel data is one empty chunk: what a
+    /// bomb's header says, with none of its (small, compressed) body.
+    fn png_header(w: u32, h: u32) -> Vec<u8> {
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut chunk = |kind: &[u8], data: &[u8]| {
+            png.extend((data.len() as u32).to_be_bytes());
+            let body: Vec<u8> = kind.iter().chain(data).copied().collect();
+            png.extend(&body);
+            png.extend(crc32(&body).to_be_bytes());
+        };
+        let mut ihdr = w.to_be_bytes().to_vec();
+        ihdr.extend(h.to_be_bytes());
+        ihdr.extend([8, 2, 0, 0, 0]);
+        chunk(b"IHDR", &ihdr);
+        chunk(b"IDAT", &[]);
+        chunk(b"IEND", &[]);
+        png
+    }
+
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+
+    #[test]
+    fn a_header_past_a_limit_is_refused_from_the_header_alone() {
+        let limits = Limits::default();
+        // Exactly Pillow's limit passes; one row more does not.
+        let at = png_header(DEFAULT_MAX_PIXELS as u32, 1);
+        limits.check("at.png", &at).unwrap();
+        let err = limits
+            .check("bomb.png", &png_header(20_000, 20_000))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("bomb.png") && msg.contains("20000x20000"),
+            "{msg}"
+        );
+        assert!(msg.contains("89478485 pixels"), "{msg}");
+        let tight = Limits {
+            max_pixels: DEFAULT_MAX_PIXELS,
+            max_bytes: 1_000_000,
+            workers: 2,
+        };
+        tight.check("small.png", &png_header(500, 600)).unwrap();
+        let msg = tight
+            .check("big.png", &png_header(1000, 1000))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("3000000 decoded bytes"), "{msg}");
+        assert!(msg.contains("each of 2 decode workers"), "{msg}");
+        // Not an image header: left to the decoder.
+        limits.check("junk", b"not an image").unwrap();
+    }
+}

@@ -15,7 +15,9 @@ pub(crate) mod turbo;
 
 use crate::error::{Error, Result};
 use crate::geometry::{relative, Crop, Size, Window};
-use image::{DynamicImage, ImageReader, Limits};
+use image::{DynamicImage, ImageReader};
+pub(crate) use limits::Limits;
+pub(crate) use limits::DEFAULT_MAX_PIXELS;
 use limits::{MAX_ALLOC, MAX_SIDE};
 use std::io::Cursor;
 use zune_jpeg::zune_core::bytestream::ZCursor;
@@ -58,11 +60,12 @@ pub(crate) enum Decoded {
 pub(crate) fn decode_for_crop(
     key: &str,
     bytes: &[u8],
-    jpeg: &mut jpeg::Scratch,
+    (jpeg, limits): (&mut jpeg::Scratch, &Limits),
     out: &mut Vec<u8>,
     out_size: (usize, usize),
     plan: impl Fn(usize, usize) -> (Crop, bool, Window),
 ) -> Result<Decoded> {
+    limits.check(key, bytes)?;
     if bytes.starts_with(&[0xFF, 0xD8]) {
         #[cfg(feature = "turbojpeg")]
         {
@@ -98,7 +101,7 @@ pub(crate) fn decode_for_crop(
             }
         }
     }
-    let Size { width, height } = decode_rgb_into(key, bytes, out)?;
+    let Size { width, height } = decode_checked(key, bytes, out)?;
     Ok(Decoded::Whole { width, height })
 }
 
@@ -107,8 +110,16 @@ pub(crate) fn decode_for_crop(
 /// `out[..width * height * 3]`. `out` grows to fit and can be reused across
 /// calls so decoding allocates nothing. Grayscale,
 /// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
-/// `convert("RGB")` does). Errors name `key`.
+/// `convert("RGB")` does). An image of more than [`DEFAULT_MAX_PIXELS`]
+/// is refused from its header ([`Error::ImageTooLarge`]). Errors name
+/// `key`.
 pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Size> {
+    Limits::default().check(key, bytes)?;
+    decode_checked(key, bytes, out)
+}
+
+/// [`decode_rgb_into`] once the limits were checked.
+fn decode_checked(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Size> {
     if bytes.is_empty() {
         return Err(Error::EmptyFile { key: key.into() });
     }
@@ -146,9 +157,15 @@ thread_local! {
 /// wick's own decoder does not decode whole (damaged below a crop window
 /// that still decodes, or a kind it leaves to zune-jpeg), and every JPEG
 /// when libjpeg-turbo decodes crop windows (the `turbojpeg` feature).
-pub(crate) fn decode_for_cache(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<Size>> {
+pub(crate) fn decode_for_cache(
+    key: &str,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+    limits: &Limits,
+) -> Result<Option<Size>> {
+    limits.check(key, bytes)?;
     if !bytes.starts_with(&[0xFF, 0xD8]) {
-        return decode_rgb_into(key, bytes, out).map(Some);
+        return decode_checked(key, bytes, out).map(Some);
     }
     if cfg!(feature = "turbojpeg") {
         return Ok(None);
@@ -212,7 +229,7 @@ fn decode_other(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, us
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| decode_error(key, image::ImageError::IoError(e)))?;
-    let mut limits = Limits::default();
+    let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
     limits.max_alloc = Some(MAX_ALLOC);

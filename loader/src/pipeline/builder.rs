@@ -60,6 +60,9 @@ pub struct LoaderBuilder {
     pub(super) image_settings: Vec<&'static str>,
     /// A saved state to continue from.
     pub(super) resume: Option<LoaderState>,
+    pub(super) max_pixels: u64,
+    pub(super) retries: u32,
+    pub(super) bad_samples_log: Option<PathBuf>,
 }
 
 impl LoaderBuilder {
@@ -89,7 +92,47 @@ impl LoaderBuilder {
             map: None,
             image_settings: Vec::new(),
             resume: None,
+            max_pixels: crate::decode::DEFAULT_MAX_PIXELS,
+            retries: 0,
+            bad_samples_log: None,
         }
+    }
+
+    /// Tries a read that fails with a transient error
+    /// ([`Error::is_transient`]: interrupted, timed out, `EIO`, `EAGAIN`,
+    /// ...) up to `n` more times, waiting 10, 20, 40 ... ms (at most
+    /// 200 ms) between tries, before the sample is bad
+    /// ([`bad_samples`](Self::bad_samples) decides what then); its error
+    /// then says how many tries there were ([`Error::Retried`]). An error
+    /// about the data (a missing or corrupt file) is never retried.
+    /// [`Stats::read_retries`](crate::stats::Stats::read_retries) counts
+    /// the retries. Default 0. Applies to the random-access mode; the
+    /// streaming mode's sequential reads are not retried yet.
+    pub fn retry(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// Lists every bad sample in the file at `path`, one JSON line each
+    /// (`{"key", "reason", "epoch", "index"}`, the reason with its whole
+    /// cause chain), each key once however many epochs meet it: a
+    /// quarantine list to fix the dataset with, under either
+    /// [`BadSamples`] policy. Appends to the file (created if missing);
+    /// `build` fails if it cannot be opened.
+    pub fn bad_samples_log(mut self, path: impl Into<PathBuf>) -> Self {
+        self.bad_samples_log = Some(path.into());
+        self
+    }
+
+    /// The most pixels (width x height) an image's header may declare: a
+    /// larger one is refused before anything is allocated for it
+    /// ([`Error::ImageTooLarge`], a bad sample). Default 89,478,485,
+    /// Pillow's decompression-bomb limit. Decoding is also bounded by the
+    /// RAM budget: an image whose decoded pixels would exceed what the
+    /// budget grants each decode worker is refused the same way.
+    pub fn max_pixels(mut self, pixels: u64) -> Self {
+        self.max_pixels = pixels;
+        self
     }
 
     /// Continues a run from `state` (from [`Loader::state`],
@@ -152,8 +195,11 @@ impl LoaderBuilder {
     /// cannot fit. [`Stats::memory_peak`](crate::stats::Stats::memory_peak) reports the peak. Default: a
     /// quarter of the memory available when the loader is built.
     ///
-    /// A single image larger than the budget still decodes (the decoder's own
-    /// limits apply); the budget then keeps every other buffer at its minimum.
+    /// Decode scratch is part of it: an image whose decoded pixels exceed
+    /// what the budget leaves each decode worker (the budget less the
+    /// batch buffers, shared among the workers) is refused from its header
+    /// ([`Error::ImageTooLarge`], a bad sample) rather than decoded past
+    /// the budget.
     pub fn ram_budget(mut self, bytes: u64) -> Self {
         self.ram_budget = Some(bytes);
         self
@@ -497,6 +543,13 @@ impl LoaderBuilder {
             device: self.device,
             bad_samples: self.bad_samples,
             identity: Arc::new(identity),
+            max_pixels: self.max_pixels,
+            retries: self.retries,
+            quarantine: self
+                .bad_samples_log
+                .as_deref()
+                .map(super::fill::Quarantine::open)
+                .transpose()?,
         });
         let channel = if auto.prefetch { MAX_QUEUE } else { prefetch };
         let most_in_flight = if auto.in_flight { MAX_QUEUE } else { in_flight };

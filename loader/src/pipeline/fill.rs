@@ -33,6 +33,61 @@ pub enum BadSamples {
     Skip,
 }
 
+/// The quarantine file ([`LoaderBuilder::bad_samples_log`](crate::LoaderBuilder::bad_samples_log)): one JSON
+/// line per bad sample, each key once however many epochs meet it.
+#[derive(Debug)]
+pub(super) struct Quarantine {
+    path: std::path::PathBuf,
+    /// The file, the keys listed, and whether a write failed (said once).
+    file: Mutex<(std::fs::File, std::collections::HashSet<String>, bool)>,
+}
+
+impl Quarantine {
+    /// Opens `path` for appending (created if missing).
+    pub(super) fn open(path: &std::path::Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::Dataset {
+                path: path.into(),
+                reason: "cannot open the bad-samples log".into(),
+                source: Some(Box::new(e)),
+            })?;
+        Ok(Self {
+            path: path.into(),
+            file: Mutex::new((file, Default::default(), false)),
+        })
+    }
+
+    /// Lists sample `key` (source index `index`, met in `epoch`) with
+    /// `error`'s whole cause chain, unless it is listed already. A failed
+    /// write is said once on stderr: the log is a report, and the batch
+    /// goes on as the policy says.
+    fn log(&self, key: &str, epoch: u64, index: usize, error: &Error) {
+        use std::io::Write;
+        let mut guard = crate::lock(&self.file);
+        let (file, seen, failed) = &mut *guard;
+        if !seen.insert(key.to_owned()) {
+            return;
+        }
+        let line = serde_json::json!({
+            "key": key,
+            "reason": crate::error_chain(error),
+            "epoch": epoch,
+            "index": index,
+        });
+        if let Err(e) = writeln!(file, "{line}") {
+            if !std::mem::replace(failed, true) {
+                eprintln!(
+                    "wick: cannot write the bad-samples log {}: {e}",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
+
 /// One sample's fate in a batch.
 pub(super) enum Outcome {
     Ok { key: String },
@@ -370,6 +425,15 @@ impl Filling {
                 index,
                 result: None,
             };
+        }
+        // Every bad sample of the batch is listed, also those after the
+        // one that fails it.
+        if let Some(q) = &shared.quarantine {
+            for (outcome, &source_index) in self.outcomes.iter().zip(indices) {
+                if let Some(Outcome::Failed { key, error }) = &*crate::lock(outcome) {
+                    q.log(key, self.epoch, source_index, error);
+                }
+            }
         }
         let mut batch = HostBatch {
             buf,

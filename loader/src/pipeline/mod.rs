@@ -102,9 +102,31 @@ struct Shared {
     room: Room,
     /// What decides order and content ([`crate::LoaderState`]).
     identity: Arc<crate::state::Identity>,
+    /// Most pixels an image may declare.
+    max_pixels: u64,
+    /// Extra tries of a read that failed with a transient error.
+    retries: u32,
+    /// Where bad samples are listed (`bad_samples_log`).
+    quarantine: Option<fill::Quarantine>,
 }
 
 impl Shared {
+    /// What one decode may take now: the pixel limit, and the decoded
+    /// bytes the RAM budget grants each active worker.
+    fn decode_limits(&self) -> crate::decode::Limits {
+        let k = &self.knobs;
+        let workers = k.gate.limit();
+        let (f, p) = (
+            k.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+            k.prefetch.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        crate::decode::Limits {
+            max_pixels: self.max_pixels,
+            max_bytes: k.budget.decode_grant(f, p, workers),
+            workers,
+        }
+    }
+
     /// Wakes whatever waits and may have to see a cancel: the feeder in the
     /// pool, the uploader at the prefetch queue.
     fn wake(&self) {

@@ -29,7 +29,8 @@ pub(super) fn fill_cache(
     let record = match (cache.mode, record.rgb_size) {
         (CacheMode::Decoded, None) => {
             let mut px = Vec::new();
-            match crate::decode::decode_for_cache(&record.key, &record.bytes, &mut px)
+            let limits = shared.decode_limits();
+            match crate::decode::decode_for_cache(&record.key, &record.bytes, &mut px, &limits)
                 .map_err(|e| (record.key.clone(), e))?
             {
                 Some(wh) => {
@@ -56,6 +57,40 @@ pub(super) fn fill_cache(
         shared.counters.cache_stored(record.bytes.len() as u64);
     }
     Ok(record)
+}
+
+/// Reads sample `index`'s record (the parts the map asks for), trying a
+/// read that fails with a transient error ([`Error::is_transient`]) again
+/// up to the loader's `retry` count, after 10, 20, 40 ... ms (at most
+/// 200 ms; a cancel cuts the wait short). An error after retries says how
+/// many tries there were ([`Error::Retried`]).
+fn read(shared: &Shared, index: usize, bytes: Vec<u8>, cancel: &AtomicBool) -> Result<Record> {
+    let mut result = shared.source.read_parts(index, &shared.parts, bytes);
+    let mut attempts = 1;
+    while let Err(e) = &result {
+        if attempts > shared.retries || !e.is_transient() {
+            break;
+        }
+        shared.counters.read_retried();
+        let wait =
+            Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2).min(until - Instant::now()));
+        }
+        attempts += 1;
+        result = shared.source.read_parts(index, &shared.parts, Vec::new());
+    }
+    result.map_err(|e| match attempts {
+        1 => e,
+        attempts => Error::Retried {
+            attempts,
+            source: Box::new(e),
+        },
+    })
 }
 
 /// What one worker holds while it runs a batch's samples: the worker
@@ -118,7 +153,9 @@ pub(super) fn process(
     let Worker { scratch, tally, .. } = worker;
     let scratch = scratch.get_or_insert_with(|| {
         let k = &shared.knobs;
-        k.budget.scratch.take(k.gate.limit())
+        let mut scratch = k.budget.scratch.take(k.gate.limit());
+        scratch.limits = shared.decode_limits();
+        scratch
     });
     let run = || -> Result<(String, Instant), (Option<String>, Error)> {
         // A cache entry that cannot be read back is a miss: the source
@@ -140,8 +177,7 @@ pub(super) fn process(
             (None, Some((record, read))) => (record, read, start),
             (None, None) => {
                 let bytes = scratch.take_read_buffer();
-                let parts = &shared.parts;
-                let record = shared.source.read_parts(index, parts, bytes);
+                let record = read(shared, index, bytes, cancel);
                 let now = Instant::now();
                 (record, now - start, now)
             }

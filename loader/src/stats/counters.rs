@@ -70,6 +70,8 @@ pub(crate) struct Counters {
     /// Distinct skipped keys in first-seen order, and the set of them.
     skipped_keys: Mutex<(Vec<String>, std::collections::HashSet<String>)>,
     skipped_total: AtomicU64,
+    /// Reads tried again after a transient error.
+    read_retries: AtomicU64,
     clock: Mutex<Clock>,
 }
 
@@ -162,6 +164,11 @@ impl Counters {
     /// A sample was left out under the skip policy. Its key is listed once
     /// however many epochs skip it, so the list stays as long as the
     /// dataset's bad samples.
+    /// A read is tried again after a transient error.
+    pub(crate) fn read_retried(&self) {
+        self.read_retries.fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn skipped(&self, key: String) {
         self.skipped_total.fetch_add(1, Relaxed);
         let mut keys = crate::lock(&self.skipped_keys);
@@ -399,6 +406,7 @@ impl Counters {
             consumer_wait_last: Duration::from_nanos(self.last_wait_ns.load(Relaxed)),
             skipped: crate::lock(&self.skipped_keys).0.clone(),
             skipped_samples: self.skipped_total.load(Relaxed),
+            read_retries: self.read_retries.load(Relaxed),
         }
     }
 }

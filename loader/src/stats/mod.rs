@@ -98,6 +98,9 @@ pub struct Stats {
     /// Samples left out under the skip policy, counted every time (a bad
     /// sample skipped in 50 epochs counts 50).
     pub skipped_samples: u64,
+    /// Reads tried again after a transient error
+    /// ([`LoaderBuilder::retry`](crate::LoaderBuilder::retry)).
+    pub read_retries: u64,
 }
 
 impl Stats {

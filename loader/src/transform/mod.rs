@@ -228,6 +228,7 @@ impl ImageTransform {
             decoded,
             resized,
             jpeg,
+            limits,
             ..
         } = scratch;
         let t0 = Instant::now();
@@ -238,7 +239,14 @@ impl ImageTransform {
             (crop, flip, self.window(crop, w, h))
         };
         let out_size = (self.width, self.height);
-        let got = crate::decode::decode_for_crop(key, bytes, jpeg, decoded, out_size, windowed)?;
+        let got = crate::decode::decode_for_crop(
+            key,
+            bytes,
+            (jpeg, limits),
+            decoded,
+            out_size,
+            windowed,
+        )?;
         let t1 = Instant::now();
         let (decoded_px, image, crop, flip) = match got {
             Decoded::Window {

@@ -21,6 +21,9 @@ pub struct Scratch {
     pub(super) resized: Vec<u8>,
     /// The window decoder's tables and planes.
     pub(super) jpeg: crate::decode::jpeg::Scratch,
+    /// What one decode may take: the loader's pixel limit and what the RAM
+    /// budget grants this worker (set each time a worker takes it).
+    pub(crate) limits: crate::decode::Limits,
     /// The byte buffer of the next record read with this scratch.
     read: Vec<u8>,
     /// The bytes this scratch held when last counted by its pool.

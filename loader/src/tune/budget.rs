@@ -47,13 +47,26 @@ impl Budget {
         workers: usize,
         cache: u64,
     ) -> u64 {
-        let scratch = self.scratch.memory(workers);
+        self.batch_memory(in_flight, prefetch) + self.scratch.memory(workers) + cache
+    }
+
+    /// Host bytes of the batch buffers alone, as [`memory`](Self::memory)
+    /// counts them.
+    fn batch_memory(&self, in_flight: usize, prefetch: usize) -> u64 {
         let batches = if self.pinned {
             in_flight.max(self.in_flight_high.load(Relaxed))
         } else {
             in_flight + prefetch + 2
         };
-        batches as u64 * self.batch_bytes + scratch + cache
+        batches as u64 * self.batch_bytes
+    }
+
+    /// The decoded bytes one of `workers` workers may hold for an image:
+    /// the budget less the batch buffers, shared among the workers (the
+    /// cache yields to decoding: it only fills what is left).
+    pub(crate) fn decode_grant(&self, in_flight: usize, prefetch: usize, workers: usize) -> u64 {
+        let batches = self.batch_memory(in_flight, prefetch);
+        self.bytes.saturating_sub(batches) / workers.max(1) as u64
     }
 
     /// Whether the settings fit the budget.
@@ -117,5 +130,18 @@ mod tests {
         cuda.in_flight_high.fetch_max(4, Relaxed);
         assert_eq!(cuda.memory(2, 3, 1, 0), 4000 + scratch);
         assert_eq!(cuda.memory(5, 3, 1, 0), 5000 + scratch);
+    }
+
+    #[test]
+    fn the_decode_grant_is_the_budget_less_the_batches_per_worker() {
+        let host = Budget::new(10_000, 1000, false, 2);
+        // 2 in flight + 1 prefetched + one uploading + one held.
+        assert_eq!(host.decode_grant(2, 1, 1), 5000);
+        assert_eq!(host.decode_grant(2, 1, 2), 2500);
+        assert_eq!(
+            host.decode_grant(8, 8, 2),
+            0,
+            "no room left: nothing granted"
+        );
     }
 }
