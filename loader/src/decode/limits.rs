@@ -77,11 +77,44 @@ impl Limits {
 /// Width and height from the header (JPEG, PNG, WebP, BMP, sniffed), read
 /// without decoding; `None` when the header cannot be read.
 fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    if bytes.starts_with(&[0xFF, 0xD8]) {
+        return jpeg_dimensions(bytes);
+    }
     image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .ok()?
         .into_dimensions()
         .ok()
+}
+
+/// A JPEG's size from its first frame header (SOF0-SOF15, not DHT, JPG or
+/// DAC), walking the marker segments from the start: whatever the rest of
+/// the header holds, so no decoder's own header checks decide whether the
+/// limit applies.
+fn jpeg_dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    let mut i = 2;
+    loop {
+        // Fill bytes before a marker.
+        while bytes.get(i) == Some(&0xFF) && bytes.get(i + 1) == Some(&0xFF) {
+            i += 1;
+        }
+        let (&ff, &marker) = (bytes.get(i)?, bytes.get(i + 1)?);
+        if ff != 0xFF {
+            return None;
+        }
+        if matches!(marker, 0xD0..=0xD9 | 0x01) {
+            // Markers without a length.
+            i += 2;
+            continue;
+        }
+        let len = usize::from(u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]));
+        if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+            let h = u16::from_be_bytes([*bytes.get(i + 5)?, *bytes.get(i + 6)?]);
+            let w = u16::from_be_bytes([*bytes.get(i + 7)?, *bytes.get(i + 8)?]);
+            return Some((u32::from(w), u32::from(h)));
+        }
+        i += 2 + len;
+    }
 }
 
 #[cfg(test)]
@@ -151,5 +184,13 @@ mod tests {
         assert!(msg.contains("each of 2 decode workers"), "{msg}");
         // Not an image header: left to the decoder.
         limits.check("junk", b"not an image").unwrap();
+        // A JPEG frame header alone (no tables, no scan) is enough.
+        let mut sof = vec![0xFF, 0xD8, 0xFF, 0xC0, 0, 17, 8];
+        sof.extend(12_000u16.to_be_bytes());
+        sof.extend(12_000u16.to_be_bytes());
+        sof.extend([3, 1, 0x11, 0, 2, 0x11, 0, 3, 0x11, 0]);
+        let msg = limits.check("b.jpg", &sof).unwrap_err().to_string();
+        assert!(msg.contains("12000x12000"), "{msg}");
+        assert_eq!(jpeg_dimensions(&sof[..8]), None, "cut short: no size");
     }
 }

@@ -3,7 +3,9 @@
 //! `wick bench DATA` runs the loader over a dataset with no model attached
 //! and reports its throughput, per-stage times and peak memory.
 //! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
-//! safetensors shards.
+//! safetensors shards. `wick inspect DATA` decodes every sample and lists
+//! formats, modes, sizes and every bad file with its reason (exit code 1
+//! when any is bad).
 //!
 //! A dataset is an ImageFolder (a folder of class folders), a file list
 //! (`.csv`/`.tsv`), or shards: a `.tfrecord`/`.tfrecord.gz`, `.tar` or
@@ -11,6 +13,7 @@
 
 mod bench;
 mod convert;
+mod inspect;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -32,6 +35,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
     Convert(convert::ConvertArgs),
+    /// Decode every sample; list formats, modes, sizes and bad files.
+    Inspect(inspect::InspectArgs),
 }
 
 fn report_error(e: &dyn std::error::Error) -> ExitCode {
@@ -48,6 +53,25 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => report_error(e.as_ref()),
             }
+        }
+        Command::Inspect(args) => {
+            let report = match inspect::run(&args) {
+                Ok(r) => r,
+                Err(e) => return report_error(e.as_ref()),
+            };
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => return report_error(&e),
+                }
+            } else {
+                inspect::print_text(&report);
+            }
+            return if inspect::any_bad(&report) {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     if args.sweep {

@@ -1,0 +1,413 @@
+//! `wick inspect DATA`: decodes every sample of a dataset in parallel and
+//! says what is in it and what is bad.
+//!
+//! DATA is shards (TFRecord, WebDataset tar, safetensors: a file or a
+//! folder of them) or a file list, read through the loader's own sources;
+//! or a folder, whose every file is inspected: the folder is walked
+//! without following links to folders (no link loop can trap it), and a
+//! file that cannot be read (no permission, a dangling or looping link) is
+//! bad like one that cannot be decoded. Decoding is the loader's own
+//! (`decode_rgb_into`, with its decompression-bomb limit). A file of a
+//! folder that is neither named nor made like an image is listed as
+//! ignored (the loader does not read it), not as bad.
+
+use candle_wick::source::shard_paths;
+use candle_wick::{error_chain, open_path};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct InspectArgs {
+    /// The dataset: shards, a file list, or any folder.
+    pub(crate) data: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) threads: usize,
+}
+
+/// What one sample turned out to be.
+#[derive(Debug)]
+enum Seen {
+    Image(Image),
+    Bad { key: String, reason: String },
+    Ignored { key: String },
+}
+
+/// A sample that decoded.
+#[derive(Debug)]
+struct Image {
+    key: String,
+    format: &'static str,
+    width: usize,
+    height: usize,
+    /// gray, gray+alpha, rgb, rgba, cmyk, palette, 16-bit, progressive.
+    modes: Vec<&'static str>,
+    /// The file's name says another format.
+    misnamed: bool,
+}
+
+/// The report `--json` prints.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    data: PathBuf,
+    samples: usize,
+    images: usize,
+    bad: Vec<BadSample>,
+    ignored: Vec<String>,
+    formats: BTreeMap<&'static str, usize>,
+    modes: BTreeMap<&'static str, usize>,
+    misnamed: Vec<String>,
+    /// Smallest and largest width and height, and the median pixel count.
+    min_size: Option<(usize, usize)>,
+    max_size: Option<(usize, usize)>,
+    median_pixels: Option<usize>,
+    seconds: f64,
+}
+
+/// A bad sample and why, with the whole cause chain.
+#[derive(Debug, Serialize)]
+struct BadSample {
+    key: String,
+    reason: String,
+}
+
+/// The format by the file's first bytes.
+fn sniff(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0xFF, 0xD8, ..] => Some("jpeg"),
+        [0x89, b'P', b'N', b'G', ..] => Some("png"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some("webp"),
+        [b'B', b'M', ..] => Some("bmp"),
+        [b'G', b'I', b'F', ..] => Some("gif"),
+        _ => None,
+    }
+}
+
+/// The format a file name says.
+fn named(key: &str) -> Option<&'static str> {
+    let ext = Path::new(key).extension()?.to_str()?.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "jpg" | "jpeg" | "jpe" => "jpeg",
+        "png" => "png",
+        "webp" => "webp",
+        "bmp" | "dib" => "bmp",
+        "gif" => "gif",
+        _ => return None,
+    })
+}
+
+/// Modes read from a JPEG's frame header (component count, progressive)
+/// and a PNG's IHDR (palette), which decoding to RGB hides.
+fn header_modes(format: &str, bytes: &[u8], modes: &mut Vec<&'static str>) {
+    match format {
+        "jpeg" => {
+            let mut i = 2;
+            while i + 9 < bytes.len() && bytes[i] == 0xFF {
+                let marker = bytes[i + 1];
+                let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
+                if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+                    if matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE) {
+                        modes.push("progressive");
+                    }
+                    if bytes[i + 4] > 8 {
+                        modes.push("12-bit");
+                    }
+                    if bytes[i + 9] == 4 {
+                        modes.push("cmyk");
+                    }
+                    return;
+                }
+                i += 2 + len;
+            }
+        }
+        "png" if bytes.len() > 25 && bytes[25] == 3 => modes.push("palette"),
+        _ => {}
+    }
+}
+
+/// Whether a JPEG has no end-of-image marker after its last scan (data
+/// after the marker, as some cameras append, is not truncation; the
+/// entropy-coded data never holds `FF D9`).
+fn jpeg_truncated(bytes: &[u8]) -> bool {
+    let last = |m: u8| bytes.windows(2).rposition(|w| w == [0xFF, m]);
+    match (last(0xDA), last(0xD9)) {
+        (Some(sos), Some(eoi)) => eoi < sos,
+        (_, None) => true,
+        (None, Some(_)) => false,
+    }
+}
+
+/// Decodes one sample's bytes as the loader does.
+fn inspect_bytes(key: String, bytes: &[u8], from_folder: bool) -> Seen {
+    let format = sniff(bytes);
+    if from_folder && format.is_none() && named(&key).is_none() {
+        return Seen::Ignored { key };
+    }
+    let mut px = Vec::new();
+    let size = match candle_wick::ops::decode_rgb_into(&key, bytes, &mut px) {
+        Ok(size) => size,
+        Err(e) => {
+            return Seen::Bad {
+                reason: error_chain(&e),
+                key,
+            }
+        }
+    };
+    // The loader decodes a JPEG cut short, the missing rows grey, as
+    // libjpeg does; the dataset still has a damaged file.
+    if format == Some("jpeg") && jpeg_truncated(bytes) {
+        return Seen::Bad {
+            key,
+            reason: "truncated: no end-of-image marker (the loader decodes it with the \
+                     missing part grey)"
+                .into(),
+        };
+    }
+    let mut modes = Vec::new();
+    // The colour type before conversion to RGB.
+    let color = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()
+        .and_then(|r| r.into_decoder().ok())
+        .map(|d| image::ImageDecoder::color_type(&d));
+    if let Some(c) = color {
+        use image::ColorType::*;
+        modes.push(match c {
+            L8 | L16 => "gray",
+            La8 | La16 => "gray+alpha",
+            Rgba8 | Rgba16 | Rgba32F => "rgba",
+            _ => "rgb",
+        });
+        if c.bytes_per_pixel() / c.channel_count() > 1 {
+            modes.push("16-bit");
+        }
+    }
+    let format = format.unwrap_or("other");
+    header_modes(format, bytes, &mut modes);
+    if modes.contains(&"cmyk") {
+        modes.retain(|m| *m != "rgb");
+    }
+    Seen::Image(Image {
+        misnamed: named(&key).is_some_and(|n| n != format),
+        key,
+        format,
+        width: size.width,
+        height: size.height,
+        modes,
+    })
+}
+
+/// Every file under `root`, links to folders not followed; what cannot be
+/// listed is bad.
+fn walk(root: &Path, files: &mut Vec<PathBuf>, bad: &mut Vec<Seen>) {
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) => {
+            bad.push(Seen::Bad {
+                key: root.display().to_string(),
+                reason: format!("cannot list the folder: {e}"),
+            });
+            return;
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for path in paths {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => walk(&path, files, bad),
+            // A link is read through (a loop or a dangling one fails the
+            // read), unless it leads to a folder: not followed.
+            Ok(m) if m.file_type().is_symlink() && path.is_dir() => bad.push(Seen::Ignored {
+                key: path.display().to_string(),
+            }),
+            Ok(_) => files.push(path),
+            Err(e) => bad.push(Seen::Bad {
+                key: path.display().to_string(),
+                reason: format!("cannot stat: {e}"),
+            }),
+        }
+    }
+}
+
+/// Whether `path` is shards or a file list (read through the sources),
+/// rather than a folder of files.
+fn is_source(path: &Path) -> bool {
+    let shards = [
+        ".tfrecord",
+        ".tfrecords",
+        ".tfrecord.gz",
+        ".tfrecord.zz",
+        ".tar",
+        ".safetensors",
+    ];
+    shards.iter().any(|s| shard_paths(path, &[s]).is_ok()) || path.is_file()
+}
+
+pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build()?;
+    let bar = |n: usize| {
+        let bar = indicatif::ProgressBar::new(n as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} samples, {per_sec}, eta {eta}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    };
+    let mut seen = Vec::new();
+    if is_source(&a.data) {
+        let source = open_path(&a.data)?;
+        let pb = bar(source.len());
+        seen = pool.install(|| {
+            (0..source.len())
+                .into_par_iter()
+                .map(|i| {
+                    let s = match source.read(i) {
+                        // Stored decoded (safetensors pixels): nothing to decode.
+                        Ok(r) => match r.rgb_size {
+                            Some(size) => Seen::Image(Image {
+                                key: r.key,
+                                format: "pixels",
+                                width: size.width,
+                                height: size.height,
+                                modes: vec!["rgb"],
+                                misnamed: false,
+                            }),
+                            None => inspect_bytes(r.key, &r.bytes, false),
+                        },
+                        Err(e) => Seen::Bad {
+                            key: source.key(i),
+                            reason: error_chain(&e),
+                        },
+                    };
+                    pb.inc(1);
+                    s
+                })
+                .collect()
+        });
+        pb.finish_and_clear();
+    } else {
+        let mut files = Vec::new();
+        walk(&a.data, &mut files, &mut seen);
+        let pb = bar(files.len());
+        let found: Vec<Seen> = pool.install(|| {
+            files
+                .par_iter()
+                .map(|path| {
+                    let key = path.display().to_string();
+                    let s = match std::fs::read(path) {
+                        Ok(bytes) => inspect_bytes(key, &bytes, true),
+                        Err(e) => Seen::Bad {
+                            key,
+                            reason: format!("cannot read: {e}"),
+                        },
+                    };
+                    pb.inc(1);
+                    s
+                })
+                .collect()
+        });
+        pb.finish_and_clear();
+        seen.extend(found);
+    }
+    Ok(summarize(&a.data, seen, t.elapsed().as_secs_f64()))
+}
+
+fn summarize(data: &Path, seen: Vec<Seen>, seconds: f64) -> Report {
+    let mut r = Report {
+        data: data.into(),
+        samples: seen.len(),
+        images: 0,
+        bad: Vec::new(),
+        ignored: Vec::new(),
+        formats: BTreeMap::new(),
+        modes: BTreeMap::new(),
+        misnamed: Vec::new(),
+        min_size: None,
+        max_size: None,
+        median_pixels: None,
+        seconds,
+    };
+    let mut pixels = Vec::new();
+    for s in seen {
+        match s {
+            Seen::Image(img) => {
+                r.images += 1;
+                *r.formats.entry(img.format).or_default() += 1;
+                for m in img.modes {
+                    *r.modes.entry(m).or_default() += 1;
+                }
+                if img.misnamed {
+                    r.misnamed.push(img.key);
+                }
+                let (w, h) = (img.width, img.height);
+                r.min_size = Some(r.min_size.map_or((w, h), |(a, b)| (a.min(w), b.min(h))));
+                r.max_size = Some(r.max_size.map_or((w, h), |(a, b)| (a.max(w), b.max(h))));
+                pixels.push(w * h);
+            }
+            Seen::Bad { key, reason } => r.bad.push(BadSample { key, reason }),
+            Seen::Ignored { key } => r.ignored.push(key),
+        }
+    }
+    pixels.sort_unstable();
+    r.median_pixels = pixels.get(pixels.len() / 2).copied();
+    r.bad.sort_by(|a, b| a.key.cmp(&b.key));
+    r
+}
+
+pub(crate) fn print_text(r: &Report) {
+    println!(
+        "{}: {} samples in {:.1} s: {} images, {} bad, {} ignored (not images)",
+        r.data.display(),
+        r.samples,
+        r.seconds,
+        r.images,
+        r.bad.len(),
+        r.ignored.len()
+    );
+    let list = |m: &BTreeMap<&str, usize>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("formats: {}", list(&r.formats));
+    println!("modes: {}", list(&r.modes));
+    if let (Some(lo), Some(hi), Some(med)) = (r.min_size, r.max_size, r.median_pixels) {
+        println!(
+            "sizes: width {}..{}, height {}..{}, median {:.2} MP",
+            lo.0,
+            hi.0,
+            lo.1,
+            hi.1,
+            med as f64 / 1e6
+        );
+    }
+    if !r.misnamed.is_empty() {
+        println!("named as another format ({}):", r.misnamed.len());
+        for k in &r.misnamed {
+            println!("  {k}");
+        }
+    }
+    if !r.bad.is_empty() {
+        println!("bad ({}):", r.bad.len());
+        for b in &r.bad {
+            println!("  {}: {}", b.key, b.reason);
+        }
+    }
+}
+
+/// Whether the report found anything bad (the exit code says so).
+pub(crate) fn any_bad(r: &Report) -> bool {
+    !r.bad.is_empty()
+}
