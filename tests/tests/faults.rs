@@ -1,0 +1,208 @@
+//! Faults while a loader runs: files deleted or made unreadable after the
+//! dataset was indexed, shards truncated while open, and the consumer
+//! dropping the epoch at every kind of point (before any batch, mid-way,
+//! while the workers wait for a buffer, while it still holds batches).
+//! Each gives the documented result, and dropping the epoch and the loader
+//! joins every loader thread within 100 ms (the median of five drops, so
+//! one scheduling stall on a busy machine cannot fail the test). One test
+//! binary: its thread counts see no other test's loaders.
+
+use candle_wick::source::{ImageFolder, Record, TfRecord};
+use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+use candle_wick::{error_chain, BadSamples, Loader, Output, Result, Source};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tests::{encode, pattern, thread_names};
+
+fn wick_threads() -> usize {
+    thread_names()
+        .iter()
+        .filter(|n| n.starts_with("wick-"))
+        .count()
+}
+
+/// 12 images in two classes.
+fn folder(dir: &Path) {
+    tests::image_folder(dir, 2, 6);
+}
+
+fn loader(src: impl Source, policy: BadSamples) -> Loader {
+    Loader::builder(src)
+        .batch_size(4)
+        .image_size(16)
+        .output(Output::U8Nhwc)
+        .workers(2)
+        .bad_samples(policy)
+        .build()
+        .unwrap()
+}
+
+/// `(samples delivered, error or skip reasons)` of epoch 0.
+fn run(l: &mut Loader) -> (usize, Vec<String>) {
+    let mut good = 0;
+    let mut bad = Vec::new();
+    for b in l.epoch(0) {
+        match b {
+            Ok(b) => {
+                good += b.len();
+                bad.extend(b.skipped.iter().map(|s| error_chain(&s.error)));
+            }
+            Err(e) => bad.push(error_chain(&e)),
+        }
+    }
+    (good, bad)
+}
+
+#[test]
+fn faults_give_the_documented_result_and_drops_join_promptly() {
+    files_deleted_or_locked_after_indexing_are_bad_samples_naming_them();
+    a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash();
+    dropping_at_every_point_joins_every_thread_within_100_ms();
+}
+
+fn files_deleted_or_locked_after_indexing_are_bad_samples_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    folder(dir.path());
+    let src = || ImageFolder::new(dir.path()).unwrap();
+    let (mut fail, mut skip) = (
+        loader(src(), BadSamples::Fail),
+        loader(src(), BadSamples::Skip),
+    );
+    // Indexed; now one file goes away and one loses its permissions.
+    let gone = dir.path().join("class0/0002.jpg");
+    std::fs::remove_file(&gone).unwrap();
+    let locked = dir.path().join("class1/0003.png");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    // Root reads a file without permissions: then only the deletion counts.
+    let root = std::fs::read(&locked).is_ok();
+    let bad_files = if root { 1 } else { 2 };
+
+    let (good, errors) = run(&mut fail);
+    assert_eq!(errors.len(), bad_files, "{errors:?}");
+    assert!(
+        errors[0].contains("0002.jpg") && errors[0].contains("No such file"),
+        "{errors:?}"
+    );
+    if !root {
+        assert!(
+            errors[1].contains("0003.png") && errors[1].contains("ermission denied"),
+            "{errors:?}"
+        );
+    }
+    assert!(
+        good < 12 - bad_files,
+        "the failed batches' other samples are not delivered"
+    );
+
+    let (good, skipped) = run(&mut skip);
+    assert_eq!(
+        (good, skipped.len()),
+        (12 - bad_files, bad_files),
+        "{skipped:?}"
+    );
+    assert!(skipped[0].contains("0002.jpg"), "{skipped:?}");
+}
+
+fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    folder(&dir.path().join("folder"));
+    let opts = ConvertOptions {
+        format: ShardFormat::TfRecord,
+        shard_size: 12,
+        threads: 1,
+        ..Default::default()
+    };
+    let src = ImageFolder::new(dir.path().join("folder")).unwrap();
+    let shards = convert(&src, &dir.path().join("tf"), &opts, &|_| {}).unwrap();
+    assert_eq!(shards.len(), 1);
+    let tf = TfRecord::open(&shards).unwrap();
+    assert_eq!(tf.len(), 12);
+    let mut l = loader(tf, BadSamples::Skip);
+    // Indexed whole; now cut to half its length.
+    let len = std::fs::metadata(&shards[0]).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shards[0])
+        .unwrap();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    let (good, skipped) = run(&mut l);
+    assert!(good > 0 && good < 12, "{good} delivered");
+    assert_eq!(
+        good + skipped.len(),
+        12,
+        "every record either delivered or named"
+    );
+    for s in &skipped {
+        assert!(s.contains(".tfrecord"), "{s}");
+    }
+}
+
+/// 4,000 samples of 20 ms each: an epoch takes minutes, so every drop
+/// below cancels queued work.
+struct Slow(Vec<u8>);
+
+impl Source for Slow {
+    fn len(&self) -> usize {
+        4000
+    }
+    fn read(&self, index: usize) -> Result<Record> {
+        std::thread::sleep(Duration::from_millis(20));
+        Ok(Record::encoded(format!("slow{index}"), self.0.clone(), 0))
+    }
+}
+
+fn dropping_at_every_point_joins_every_thread_within_100_ms() {
+    let png = encode(&pattern(16, 16, 1), image::ImageFormat::Png);
+    let build = || {
+        Loader::builder(Slow(png.clone()))
+            .batch_size(4)
+            .image_size(8)
+            .workers(2)
+            .batches_in_flight(2)
+            .prefetch(1)
+            .build()
+            .unwrap()
+    };
+    let baseline = wick_threads();
+    // Each point: how far the consumer gets before it drops everything.
+    type Point = fn(&mut candle_wick::Epoch<'_>) -> Vec<candle_wick::Batch>;
+    let points: [(&str, Point); 4] = [
+        ("before any batch", |_| Vec::new()),
+        ("after one batch", |e| vec![e.next().unwrap().unwrap()]),
+        ("while the workers wait for a buffer", |e| {
+            let b = e.next().unwrap().unwrap();
+            // Nothing taken for a while: in flight and prefetch fill up.
+            std::thread::sleep(Duration::from_millis(300));
+            drop(b);
+            Vec::new()
+        }),
+        ("holding batches", |e| {
+            (0..3).map(|_| e.next().unwrap().unwrap()).collect()
+        }),
+    ];
+    for (what, point) in points {
+        let mut took = Vec::new();
+        for _ in 0..5 {
+            let mut loader = build();
+            let mut epoch = loader.epoch(0);
+            let held = point(&mut epoch);
+            let t = Instant::now();
+            drop(epoch);
+            drop(loader);
+            took.push(t.elapsed());
+            // Batches held past the loader's drop stay valid.
+            for b in &held {
+                assert_eq!(b.images().unwrap().dims()[0], 4);
+            }
+            assert_eq!(wick_threads(), baseline, "{what}: threads left behind");
+        }
+        took.sort();
+        eprintln!("{what}: drop + join took {took:?}");
+        assert!(
+            took[2] < Duration::from_millis(100),
+            "{what}: drops took {took:?}"
+        );
+    }
+}
