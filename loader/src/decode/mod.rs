@@ -8,6 +8,7 @@
 //! the error; both write into the caller's buffer. Other formats go
 //! through `image` and are converted to RGB.
 
+mod bmp;
 pub(crate) mod jpeg;
 pub(crate) mod limits;
 #[cfg(feature = "turbojpeg")]
@@ -226,6 +227,12 @@ pub(crate) fn zune(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize,
 }
 
 fn decode_other(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize)> {
+    // BMP variants the decoder refuses, rewritten (see `bmp`).
+    let fixed = bmp::normalize(bytes);
+    let (bytes, flip) = match &fixed {
+        Some((b, flip)) => (b.as_slice(), *flip),
+        None => (bytes, false),
+    };
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| decode_error(key, image::ImageError::IoError(e)))?;
@@ -241,6 +248,9 @@ fn decode_other(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, us
     };
     let (w, h) = (rgb.width() as usize, rgb.height() as usize);
     *out = rgb.into_raw();
+    if flip {
+        bmp::flip_rows(out, w);
+    }
     Ok((w, h))
 }
 
