@@ -1,7 +1,9 @@
 //! `retry(n)`: a read that fails with a transient error (EIO, EAGAIN,
 //! interrupted, timed out) is tried again up to `n` more times before the
 //! sample is bad, and the error then says how many tries there were; an
-//! error about the data (a missing file) is never retried.
+//! error about the data (a missing file) is never retried. In the
+//! random-access mode and the streaming mode alike (records read one by
+//! one from shards).
 
 use candle_wick::source::{MemorySource, Parts, Record};
 use candle_wick::{BadSamples, Error, Loader, Result, Source};
@@ -14,6 +16,8 @@ use tests::{encode, pattern};
 #[derive(Debug)]
 struct Flaky {
     inner: MemorySource,
+    /// Three shards of four records, for the streaming mode.
+    shards: Vec<candle_wick::source::ShardInfo>,
     fails: usize,
     error: fn() -> std::io::Error,
     reads: Arc<Mutex<HashMap<usize, usize>>>,
@@ -51,9 +55,18 @@ impl Source for Flaky {
     fn key(&self, index: usize) -> String {
         format!("flaky/{index}.png")
     }
+
+    fn shards(&self) -> &[candle_wick::source::ShardInfo] {
+        &self.shards
+    }
 }
 
-fn loader(retries: u32, fails: usize, error: fn() -> std::io::Error) -> (Loader, Flaky) {
+fn loader(
+    retries: u32,
+    fails: usize,
+    error: fn() -> std::io::Error,
+    stream: bool,
+) -> (Loader, Flaky) {
     let png = encode(&pattern(8, 8, 1), image::ImageFormat::Png);
     let records: Vec<Record> = (0..12)
         .map(|i| Record::encoded(format!("flaky/{i}.png"), png.clone(), 0))
@@ -61,19 +74,22 @@ fn loader(retries: u32, fails: usize, error: fn() -> std::io::Error) -> (Loader,
     let reads = Arc::new(Mutex::new(HashMap::new()));
     let src = || Flaky {
         inner: MemorySource::new(records.clone()),
+        shards: tests::fake_shards(3, 4),
         fails,
         error,
         reads: reads.clone(),
     };
     let flaky = src();
-    let l = Loader::builder(src())
+    let mut b = Loader::builder(src())
         .batch_size(4)
         .image_size(8)
         .workers(2)
         .bad_samples(BadSamples::Skip)
-        .retry(retries)
-        .build()
-        .unwrap();
+        .retry(retries);
+    if stream {
+        b = b.interleave(2, 1).shuffle_buffer(3);
+    }
+    let l = b.build().unwrap();
     // `flaky` shares the read counts.
     (l, flaky)
 }
@@ -95,10 +111,11 @@ fn run(l: &mut Loader) -> (usize, Vec<(String, String)>) {
 fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
     let eio = || std::io::Error::from_raw_os_error(5);
     let eagain = || std::io::Error::from(std::io::ErrorKind::WouldBlock);
-    for error in [eio as fn() -> _, eagain] {
+    let cases = [(eio as fn() -> _, false), (eagain, false), (eio, true)];
+    for (error, stream) in cases {
         // Two failures, three tries allowed: only the missing file is bad,
         // and it was read once.
-        let (mut l, flaky) = loader(3, 2, error);
+        let (mut l, flaky) = loader(3, 2, error, stream);
         let (good, bad) = run(&mut l);
         assert_eq!(good, 11);
         assert_eq!(bad.len(), 1, "{bad:?}");
@@ -110,7 +127,7 @@ fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
 
         // Two failures, one retry: both flaky samples are bad, with the
         // transient error and the tries in their reason.
-        let (mut l, _) = loader(1, 2, error);
+        let (mut l, _) = loader(1, 2, error, stream);
         let (good, bad) = run(&mut l);
         assert_eq!(good, 9);
         let mut keys: Vec<_> = bad.iter().map(|(k, _)| k.as_str()).collect();
@@ -123,7 +140,7 @@ fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
         }
     }
     // Without retry, the first failure is final.
-    let (mut l, flaky) = loader(0, 1, eio);
+    let (mut l, flaky) = loader(0, 1, eio, false);
     let (good, _) = run(&mut l);
     assert_eq!(good, 9);
     assert_eq!(flaky.reads.lock().unwrap()[&3], 1);

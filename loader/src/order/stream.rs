@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
 use crate::rng::{keyed_rng, Purpose};
-use crate::source::{Parts, Record, ShardInfo, Source};
+use crate::source::{read_retrying, Parts, Record, Retry, ShardInfo, Source};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -318,22 +318,26 @@ impl StreamPlanner {
         epoch: u64,
         source: Arc<dyn Source>,
         parts: Arc<Parts>,
+        retry: Retry,
     ) -> impl Iterator<Item = Streamed> + Send {
         let shards = self.shards.clone();
         self.order_of(epoch, move |s| {
-            shard_stream(&source, &shards[s], s, parts.clone())
+            shard_stream(&source, &shards[s], s, parts.clone(), retry.clone())
         })
     }
 }
 
 /// Exactly `info.records` items of shard `s`, numbered with source indices,
 /// with the named `parts` (a source's own shard reader gives what it
-/// stores).
+/// stores). Records read one by one are tried again after a transient
+/// error as `retry` says; a source's own sequential reader (a compressed
+/// TFRecord shard) is not.
 fn shard_stream(
     source: &Arc<dyn Source>,
     info: &ShardInfo,
     s: usize,
     parts: Arc<Parts>,
+    retry: Retry,
 ) -> Box<dyn Iterator<Item = Streamed> + Send> {
     let range = info.first..info.first + info.records;
     let path = info.path.clone();
@@ -351,7 +355,18 @@ fn shard_stream(
         ),
         Ok(None) => {
             let source = source.clone();
-            Box::new(range.map(move |i| (i, source.read_parts(i, &parts, Vec::new()))))
+            Box::new(range.map(move |i| {
+                let Retry {
+                    retries,
+                    cancel,
+                    on_retry,
+                } = &retry;
+                let read = (i, &*parts, Vec::new());
+                (
+                    i,
+                    read_retrying(&*source, read, *retries, cancel, &**on_retry),
+                )
+            }))
         }
         Err(e) => {
             // Every record of the shard fails with the one cause.

@@ -106,8 +106,8 @@ impl LoaderBuilder {
     /// then says how many tries there were ([`Error::Retried`]). An error
     /// about the data (a missing or corrupt file) is never retried.
     /// [`Stats::read_retries`](crate::stats::Stats::read_retries) counts
-    /// the retries. Default 0. Applies to the random-access mode; the
-    /// streaming mode's sequential reads are not retried yet.
+    /// the retries. Default 0. The streaming mode retries too, except
+    /// a compressed TFRecord shard (read as one sequential stream).
     pub fn retry(mut self, n: u32) -> Self {
         self.retries = n;
         self

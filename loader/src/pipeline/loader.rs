@@ -9,7 +9,7 @@ use super::{AckOnExit, Acks, Msg, Shared};
 use crate::error::{Error, Result};
 use crate::order::sampler::{Plan, Sampler};
 use crate::order::stream::StreamPlanner;
-use crate::source::Source;
+use crate::source::{Retry, Source};
 use crate::state::{shard_table, LoaderState, Position};
 use crate::stats::trace::Trace;
 use crate::stats::Stats;
@@ -206,12 +206,22 @@ impl Loader {
         let total = plan.batches.len();
         let sizes: Arc<[usize]> = plan.batches.iter().map(|b| b.len()).collect();
         self.position = Position::new(epoch, start, &sizes);
+        let cancel = Arc::new(AtomicBool::new(false));
         let stream = match &self.order {
-            Order::Stream(s) => Some(RecordIter(Box::new(s.records(
-                epoch,
-                self.shared.source.clone(),
-                self.shared.parts.clone(),
-            )))),
+            Order::Stream(s) => {
+                let shared = self.shared.clone();
+                let retry = Retry {
+                    retries: self.shared.retries,
+                    cancel: cancel.clone(),
+                    on_retry: Arc::new(move || shared.counters.read_retried()),
+                };
+                Some(RecordIter(Box::new(s.records(
+                    epoch,
+                    self.shared.source.clone(),
+                    self.shared.parts.clone(),
+                    retry,
+                ))))
+            }
             Order::Sampled(_) => None,
         };
         let start = start.min(total);
@@ -223,7 +233,6 @@ impl Loader {
             old.store(true, Ordering::Release);
             self.shared.wake();
         }
-        let cancel = Arc::new(AtomicBool::new(false));
         self.current = Some(cancel.clone());
         self.gen += 1;
         let cmd = EpochCmd {

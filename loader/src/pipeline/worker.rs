@@ -8,7 +8,7 @@ use super::{panic_message, safe_key, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
 use crate::map::{pad_fields, Sample};
-use crate::source::Record;
+use crate::source::{read_retrying, Record};
 use crate::stats::trace::LANE_DECODE;
 use crate::stats::SampleTally;
 use crate::transform::PooledScratch;
@@ -57,40 +57,6 @@ pub(super) fn fill_cache(
         shared.counters.cache_stored(record.bytes.len() as u64);
     }
     Ok(record)
-}
-
-/// Reads sample `index`'s record (the parts the map asks for), trying a
-/// read that fails with a transient error ([`Error::is_transient`]) again
-/// up to the loader's `retry` count, after 10, 20, 40 ... ms (at most
-/// 200 ms; a cancel cuts the wait short). An error after retries says how
-/// many tries there were ([`Error::Retried`]).
-fn read(shared: &Shared, index: usize, bytes: Vec<u8>, cancel: &AtomicBool) -> Result<Record> {
-    let mut result = shared.source.read_parts(index, &shared.parts, bytes);
-    let mut attempts = 1;
-    while let Err(e) = &result {
-        if attempts > shared.retries || !e.is_transient() {
-            break;
-        }
-        shared.counters.read_retried();
-        let wait =
-            Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
-        let until = Instant::now() + wait;
-        while Instant::now() < until {
-            if cancel.load(Ordering::Relaxed) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2).min(until - Instant::now()));
-        }
-        attempts += 1;
-        result = shared.source.read_parts(index, &shared.parts, Vec::new());
-    }
-    result.map_err(|e| match attempts {
-        1 => e,
-        attempts => Error::Retried {
-            attempts,
-            source: Box::new(e),
-        },
-    })
 }
 
 /// What one worker holds while it runs a batch's samples: the worker
@@ -177,7 +143,10 @@ pub(super) fn process(
             (None, Some((record, read))) => (record, read, start),
             (None, None) => {
                 let bytes = scratch.take_read_buffer();
-                let record = read(shared, index, bytes, cancel);
+                let on_retry = || shared.counters.read_retried();
+                let read = (index, &*shared.parts, bytes);
+                let record =
+                    read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry);
                 let now = Instant::now();
                 (record, now - start, now)
             }

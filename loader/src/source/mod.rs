@@ -354,6 +354,65 @@ pub(crate) fn read_labeled(
     ))
 }
 
+/// How the loader retries reads that fail with a transient error
+/// ([`Error::is_transient`]) in the streaming mode: see [`read_retrying`].
+#[derive(Clone)]
+pub(crate) struct Retry {
+    pub(crate) retries: u32,
+    pub(crate) cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) on_retry: std::sync::Arc<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for Retry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retry")
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `source.read_parts(index, parts, bytes)`, tried up to `retries` more
+/// times while it fails with a transient error ([`Error::is_transient`]),
+/// 10, 20, 40 ... ms apart (at most 200 ms; `cancel` cuts the wait
+/// short), calling `on_retry` for each retry. An error after retries says
+/// how many tries there were ([`Error::Retried`]).
+pub(crate) fn read_retrying(
+    source: &dyn Source,
+    (index, parts, bytes): (usize, &Parts, Vec<u8>),
+    retries: u32,
+    cancel: &std::sync::atomic::AtomicBool,
+    on_retry: &dyn Fn(),
+) -> Result<Record> {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let mut result = source.read_parts(index, parts, bytes);
+    let mut attempts = 1;
+    while let Err(e) = &result {
+        if attempts > retries || !e.is_transient() {
+            break;
+        }
+        on_retry();
+        let wait =
+            Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
+        let until = Instant::now() + wait;
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            if cancel.load(Ordering::Relaxed) || left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(2)));
+        }
+        attempts += 1;
+        result = source.read_parts(index, parts, Vec::new());
+    }
+    result.map_err(|e| match attempts {
+        1 => e,
+        attempts => Error::Retried {
+            attempts,
+            source: Box::new(e),
+        },
+    })
+}
+
 /// The key of file `index` of a list of labelled files.
 pub(crate) fn labeled_key(samples: &[(PathBuf, u32)], index: usize) -> String {
     samples
