@@ -132,21 +132,33 @@ pub(crate) struct Position {
 }
 
 impl Position {
-    /// Batch `batch` of `epoch`, whose batches hold `sizes` samples: the
+    /// Batch `batch` of `epoch`, where `before[k]` is the samples planned
+    /// before batch `k` (one entry more than the epoch has batches): the
     /// first batch of the next epoch once `batch` is past the last.
-    pub(crate) fn new(epoch: u64, batch: usize, sizes: &[usize]) -> Self {
-        if batch >= sizes.len() {
-            return Self {
+    pub(crate) fn new(epoch: u64, batch: usize, before: &[u64]) -> Self {
+        match before.get(batch) {
+            Some(&samples) if batch + 1 < before.len() => Self {
+                epoch,
+                batch,
+                samples,
+            },
+            _ => Self {
                 epoch: epoch + 1,
                 batch: 0,
                 samples: 0,
-            };
+            },
         }
-        Self {
-            epoch,
-            batch,
-            samples: sizes[..batch].iter().map(|&n| n as u64).sum(),
-        }
+    }
+
+    /// The `before` table of [`new`](Self::new) for batches of `sizes`
+    /// samples, summed once per epoch (not once per batch).
+    pub(crate) fn samples_before(sizes: impl Iterator<Item = usize>) -> Vec<u64> {
+        std::iter::once(0)
+            .chain(sizes.scan(0u64, |sum, n| {
+                *sum += n as u64;
+                Some(*sum)
+            }))
+            .collect()
     }
 
     /// The state at this position.

@@ -155,9 +155,10 @@ impl Drop for Pending {
 pub struct Epoch<'a> {
     pub(super) loader: &'a mut Loader,
     pub(super) epoch: u64,
-    /// The next batch to deliver, and every batch's planned samples.
+    /// The next batch to deliver, and the samples planned before each
+    /// batch ([`Position::new`]).
     pub(super) next: usize,
-    pub(super) sizes: Arc<[usize]>,
+    pub(super) before: Arc<[u64]>,
     pub(super) rx: Option<Receiver<Result<Pending>>>,
     pub(super) cancel: Arc<AtomicBool>,
     pub(super) gen: u64,
@@ -214,7 +215,7 @@ impl Iterator for Epoch<'_> {
                 let guards = shared.uploader.guards();
                 // Every batch taken, an `Err` one too, moves the position.
                 self.next += 1;
-                let after = Position::new(self.epoch, self.next, &self.sizes);
+                let after = Position::new(self.epoch, self.next, &self.before);
                 self.loader.position = after;
                 Some(item.and_then(|p| {
                     let mut batch = p.take();

@@ -204,8 +204,9 @@ impl Loader {
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
         let plan = self.order.plan(epoch);
         let total = plan.batches.len();
-        let sizes: Arc<[usize]> = plan.batches.iter().map(|b| b.len()).collect();
-        self.position = Position::new(epoch, start, &sizes);
+        let before: Arc<[u64]> =
+            Position::samples_before(plan.batches.iter().map(|b| b.len())).into();
+        self.position = Position::new(epoch, start, &before);
         let cancel = Arc::new(AtomicBool::new(false));
         let stream = match &self.order {
             Order::Stream(s) => {
@@ -249,7 +250,7 @@ impl Loader {
         Epoch {
             epoch,
             next: start,
-            sizes,
+            before,
             remaining: total - start,
             expected: total - start,
             rx: started.then_some(out_rx),
