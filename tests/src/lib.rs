@@ -100,3 +100,22 @@ pub fn pixels(b: &candle_wick::Batch) -> Vec<u8> {
 pub fn labels(b: &candle_wick::Batch) -> Vec<u32> {
     b.labels().unwrap().to_vec1::<u32>().unwrap()
 }
+
+/// 4,000 samples that each take 20 ms to read (the same small image): an
+/// epoch takes minutes, so a prompt drop must really cancel queued work.
+#[derive(Debug)]
+pub struct Slow(pub Vec<u8>);
+
+impl candle_wick::Source for Slow {
+    fn len(&self) -> usize {
+        4000
+    }
+    fn read(&self, index: usize) -> candle_wick::Result<candle_wick::source::Record> {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        Ok(candle_wick::source::Record::encoded(
+            format!("slow{index}"),
+            self.0.clone(),
+            0,
+        ))
+    }
+}

@@ -2,24 +2,9 @@
 //! loader leaves no loader thread alive. One test in this binary, so no
 //! other test's threads are counted.
 
-use candle_wick::source::Record;
-use candle_wick::{Loader, Result, Source};
+use candle_wick::Loader;
 use std::time::{Duration, Instant};
-use tests::{encode, pattern, thread_names};
-
-/// 4,000 samples that each take 20 ms to read: a full epoch would take
-/// minutes, so a prompt drop must really cancel the queued work.
-struct Slow(Vec<u8>);
-
-impl Source for Slow {
-    fn len(&self) -> usize {
-        4000
-    }
-    fn read(&self, index: usize) -> Result<Record> {
-        std::thread::sleep(Duration::from_millis(20));
-        Ok(Record::encoded(format!("slow{index}"), self.0.clone(), 0))
-    }
-}
+use tests::{encode, pattern, thread_names, Slow};
 
 fn wick_threads() -> Vec<String> {
     thread_names()

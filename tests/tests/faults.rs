@@ -7,12 +7,12 @@
 //! one scheduling stall on a busy machine cannot fail the test). One test
 //! binary: its thread counts see no other test's loaders.
 
-use candle_wick::source::{ImageFolder, Record, TfRecord};
+use candle_wick::source::{ImageFolder, TfRecord};
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
-use candle_wick::{error_chain, BadSamples, Loader, Output, Result, Source};
+use candle_wick::{error_chain, BadSamples, Loader, Output, Source};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tests::{encode, pattern, thread_names};
+use tests::{encode, pattern, thread_names, Slow};
 
 fn wick_threads() -> usize {
     thread_names()
@@ -136,20 +136,6 @@ fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
     );
     for s in &skipped {
         assert!(s.contains(".tfrecord"), "{s}");
-    }
-}
-
-/// 4,000 samples of 20 ms each: an epoch takes minutes, so every drop
-/// below cancels queued work.
-struct Slow(Vec<u8>);
-
-impl Source for Slow {
-    fn len(&self) -> usize {
-        4000
-    }
-    fn read(&self, index: usize) -> Result<Record> {
-        std::thread::sleep(Duration::from_millis(20));
-        Ok(Record::encoded(format!("slow{index}"), self.0.clone(), 0))
     }
 }
 
