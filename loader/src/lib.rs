@@ -118,11 +118,13 @@ pub use state::LoaderState;
 pub use transform::Transforms;
 pub use tune::{Setting, AUTOTUNE};
 
-/// The per-sample code the loader runs, for benchmarks and tests that time
+/// The per-sample code the loader runs, for benchmarks, tests and the `wick`
+/// tool (`wick inspect` reads JPEG frame headers with it) that time
 /// or check it outside the pipeline. Not part of the API: it changes with
 /// the pipeline, without notice.
 #[doc(hidden)]
 pub mod __bench {
+    pub use crate::decode::limits::{jpeg_frame, JpegFrame};
     pub use crate::decode::{decode_rgb_into, JPEG_DECODER};
     pub use crate::layout::{HostLayout, Slot};
     pub use crate::stats::SampleTimes;

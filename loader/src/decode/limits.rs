@@ -87,11 +87,30 @@ fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
         .ok()
 }
 
-/// A JPEG's size from its first frame header (SOF0-SOF15, not DHT, JPG or
-/// DAC), walking the marker segments from the start: whatever the rest of
-/// the header holds, so no decoder's own header checks decide whether the
-/// limit applies.
-fn jpeg_dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+/// What a JPEG's first frame header (SOF0-SOF15) says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JpegFrame {
+    /// The SOF marker's second byte: `0xC2`, `0xC6`, `0xCA` and `0xCE`
+    /// are progressive.
+    pub marker: u8,
+    /// Bits per sample.
+    pub precision: u8,
+    /// Width.
+    pub width: u16,
+    /// Height.
+    pub height: u16,
+    /// Components: 1 gray, 3 colour, 4 CMYK or YCCK.
+    pub components: u8,
+}
+
+/// A JPEG's first frame header (SOF0-SOF15, not DHT, JPG or DAC), found
+/// by walking the marker segments from the start, whatever the rest of
+/// the header holds: so no decoder's own header checks decide whether the
+/// pixel limit applies. `None` when the bytes end first.
+pub fn jpeg_frame(bytes: &[u8]) -> Option<JpegFrame> {
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return None;
+    }
     let mut i = 2;
     loop {
         // Fill bytes before a marker.
@@ -109,12 +128,23 @@ fn jpeg_dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
         }
         let len = usize::from(u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]));
         if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-            let h = u16::from_be_bytes([*bytes.get(i + 5)?, *bytes.get(i + 6)?]);
-            let w = u16::from_be_bytes([*bytes.get(i + 7)?, *bytes.get(i + 8)?]);
-            return Some((u32::from(w), u32::from(h)));
+            let field = |at: usize| bytes.get(i + at).copied();
+            return Some(JpegFrame {
+                marker,
+                precision: field(4)?,
+                height: u16::from_be_bytes([field(5)?, field(6)?]),
+                width: u16::from_be_bytes([field(7)?, field(8)?]),
+                // A header cut right after the size still gives the size.
+                components: field(9).unwrap_or(0),
+            });
         }
         i += 2 + len;
     }
+}
+
+/// A JPEG's size from its frame header ([`jpeg_frame`]).
+fn jpeg_dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    jpeg_frame(bytes).map(|f| (u32::from(f.width), u32::from(f.height)))
 }
 
 #[cfg(test)]

@@ -107,23 +107,16 @@ fn named(key: &str) -> Option<&'static str> {
 fn header_modes(format: &str, bytes: &[u8], modes: &mut Vec<&'static str>) {
     match format {
         "jpeg" => {
-            let mut i = 2;
-            while i + 9 < bytes.len() && bytes[i] == 0xFF {
-                let marker = bytes[i + 1];
-                let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
-                if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-                    if matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE) {
-                        modes.push("progressive");
-                    }
-                    if bytes[i + 4] > 8 {
-                        modes.push("12-bit");
-                    }
-                    if bytes[i + 9] == 4 {
-                        modes.push("cmyk");
-                    }
-                    return;
+            if let Some(f) = candle_wick::__bench::jpeg_frame(bytes) {
+                if matches!(f.marker, 0xC2 | 0xC6 | 0xCA | 0xCE) {
+                    modes.push("progressive");
                 }
-                i += 2 + len;
+                if f.precision > 8 {
+                    modes.push("12-bit");
+                }
+                if f.components == 4 {
+                    modes.push("cmyk");
+                }
             }
         }
         "png" if bytes.len() > 25 && bytes[25] == 3 => modes.push("palette"),
