@@ -127,7 +127,15 @@ impl<B> Pool<B> {
         if let Some(b) = buf {
             st.free.push(b);
         }
-        let wake = st.waiting > 0;
+        // The feeder is woken once half the permits are free, not for
+        // each one: it then dispatches several batches in one turn, and
+        // for a cheap map (a token batch is tens of microseconds) a
+        // wake-up per batch is a good part of the batch's cost. Every
+        // permit out comes back without the feeder (a batch in flight is
+        // filled and uploaded by other threads), so the count reaches
+        // that mark.
+        let cap = self.capacity.load(Ordering::Relaxed);
+        let wake = st.waiting > 0 && cap.saturating_sub(st.out) >= cap.div_ceil(2);
         drop(st);
         if wake {
             self.cv.notify_all();
