@@ -7,7 +7,7 @@
 //! one scheduling stall on a busy machine cannot fail the test). One test
 //! binary: its thread counts see no other test's loaders.
 
-use candle_wick::source::{ImageFolder, TfRecord};
+use candle_wick::source::ImageFolder;
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use candle_wick::{error_chain, BadSamples, Loader, Output, Source};
 use std::path::Path;
@@ -107,35 +107,46 @@ fn files_deleted_or_locked_after_indexing_are_bad_samples_naming_them() {
 fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     folder(&dir.path().join("folder"));
-    let opts = ConvertOptions {
-        format: ShardFormat::TfRecord,
-        shard_size: 12,
-        threads: 1,
-        ..Default::default()
-    };
     let src = ImageFolder::new(dir.path().join("folder")).unwrap();
-    let shards = convert(&src, &dir.path().join("tf"), &opts, &|_| {}).unwrap();
-    assert_eq!(shards.len(), 1);
-    let tf = TfRecord::open(&shards).unwrap();
-    assert_eq!(tf.len(), 12);
-    let mut l = loader(tf, BadSamples::Skip);
-    // Indexed whole; now cut to half its length.
-    let len = std::fs::metadata(&shards[0]).unwrap().len();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&shards[0])
-        .unwrap();
-    f.set_len(len / 2).unwrap();
-    drop(f);
-    let (good, skipped) = run(&mut l);
-    assert!(good > 0 && good < 12, "{good} delivered");
-    assert_eq!(
-        good + skipped.len(),
-        12,
-        "every record either delivered or named"
-    );
-    for s in &skipped {
-        assert!(s.contains(".tfrecord"), "{s}");
+    // Every shard format; safetensors in both layouts (read, not mapped:
+    // a mapped file cut short would be SIGBUS).
+    let formats: [(ShardFormat, &str); 4] = [
+        (ShardFormat::TfRecord, ".tfrecord"),
+        (ShardFormat::WebDataset, ".tar"),
+        (ShardFormat::SafetensorsEncoded, ".safetensors"),
+        (ShardFormat::SafetensorsPixels { size: 16 }, ".safetensors"),
+    ];
+    for (i, (format, ext)) in formats.into_iter().enumerate() {
+        let opts = ConvertOptions {
+            format,
+            shard_size: 12,
+            threads: 1,
+            ..Default::default()
+        };
+        let out = dir.path().join(format!("shards-{i}"));
+        let shards = convert(&src, &out, &opts, &|_| {}).unwrap();
+        assert_eq!(shards.len(), 1);
+        let opened = candle_wick::open_path(&shards[0]).unwrap();
+        assert_eq!(opened.len(), 12);
+        let mut l = loader(opened, BadSamples::Skip);
+        // Indexed whole; now cut to half its length.
+        let len = std::fs::metadata(&shards[0]).unwrap().len();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&shards[0])
+            .unwrap();
+        f.set_len(len / 2).unwrap();
+        drop(f);
+        let (good, skipped) = run(&mut l);
+        assert!(good > 0 && good < 12, "{ext}: {good} delivered");
+        assert_eq!(
+            good + skipped.len(),
+            12,
+            "{ext}: every record either delivered or named"
+        );
+        for s in &skipped {
+            assert!(s.contains(ext), "{s}");
+        }
     }
 }
 

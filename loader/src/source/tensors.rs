@@ -1,5 +1,6 @@
 //! safetensors shards, the pre-packed fast path (as FFCV's `.beton`):
-//! memory-mapped, read without parsing anything per sample.
+//! the header parsed once on open, each sample one positioned read (no
+//! parsing per sample).
 //!
 //! Two layouts, told apart by the tensor names:
 //! - **pre-resized pixels**: `images` u8 `[N, H, W, 3]` and `labels` `[N]`:
@@ -11,13 +12,15 @@
 //! Labels may be any integer dtype; they are checked on open.
 
 use super::shards::{open_shard, shard_error, Cause, ShardSet};
-use super::{Damage, Parts, Record, ShardInfo, Source, Value};
+use super::{read_exact_at, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{Error, Result};
 use crate::geometry::Size;
-use memmap2::Mmap;
-use safetensors::tensor::{Dtype, TensorInfo};
-use safetensors::SafeTensors;
-use std::path::Path;
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The largest header the safetensors crate accepts (its own limit).
+const MAX_HEADER: u64 = 100_000_000;
 
 #[derive(Debug)]
 enum HostLayout {
@@ -36,15 +39,16 @@ enum HostLayout {
 
 #[derive(Debug)]
 struct Shard {
-    map: Mmap,
+    file: File,
+    path: PathBuf,
     layout: HostLayout,
     labels: Vec<u32>,
     /// Every tensor with a row per sample (`[N, ..]`), as named parts.
     rows: Vec<Rows>,
 }
 
-/// A tensor of one row per sample: sample `n`'s row is
-/// `map[start + n * row_bytes..][..row_bytes]`.
+/// A tensor of one row per sample: sample `n`'s row is the file's bytes
+/// `start + n * row_bytes..` (`row_bytes` of them).
 #[derive(Debug)]
 struct Rows {
     name: String,
@@ -56,13 +60,10 @@ struct Rows {
 
 /// A dataset of safetensors shards; see the module docs for the layouts.
 ///
-/// The shard files are memory-mapped: they must not be modified or
-/// truncated while the source is open. This is a contract on the files, not
-/// something the loader can check: a process writing a mapped shard changes
-/// bytes Rust code holds as `&[u8]` (undefined behaviour), and truncating it
-/// makes the next read of the lost pages raise `SIGBUS`, which ends the
-/// process. Write new shards under new names (or rename over old ones, which
-/// keeps the mapped file intact) instead of rewriting them in place.
+/// Samples are read from the shard files with positioned reads (not a
+/// memory map), so a shard truncated or rewritten while the source is open
+/// gives an error naming the file and offset for each sample past the
+/// damage, never a crash (`SIGBUS`) or bytes changing under a reader.
 ///
 /// ```no_run
 /// use candle_wick::source::SafetensorsShards;
@@ -112,19 +113,7 @@ impl SafetensorsShards {
         let mut shards = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            let (file, _) = open_shard(path)?;
-            // SAFETY: the map is read-only and every access below is
-            // bounds-checked against its length. That is sound only while no
-            // one writes or truncates the file, which this module cannot
-            // enforce: a concurrent write is undefined behaviour (bytes
-            // behind `&[u8]` change) and a truncation is SIGBUS on the next
-            // read of a lost page. The type's docs state the contract; a
-            // rename over the file keeps the mapping valid.
-            let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let shard = open_shard_map(path, map)?;
+            let shard = open_one(path)?;
             set.push(path, shard.labels.len());
             shards.push(shard);
         }
@@ -132,18 +121,68 @@ impl SafetensorsShards {
     }
 }
 
-fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
-    let bad = |reason: String| shard_error(path, 0, reason);
-    let (n, meta) = SafeTensors::read_metadata(&map)
-        .map_err(|e| shard_error(path, 0, Cause::new("bad safetensors header", e)))?;
+/// Opens one shard: its header read and checked against the file's length
+/// (as `SafeTensors::read_metadata` does over a whole file), then only the
+/// label (and offset) tensors read.
+fn open_one(path: &Path) -> Result<Shard> {
+    let (file, len) = open_shard(path)?;
+    let bad = |offset: u64, reason: String| shard_error(path, offset, reason);
+    let mut n = [0; 8];
+    if len < 8 {
+        return Err(bad(
+            0,
+            format!("{len} bytes: too short for a safetensors header"),
+        ));
+    }
+    read_exact_at(&file, path, 0, &mut n)?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || 8 + n > len {
+        return Err(bad(
+            0,
+            format!("the header declares {n} bytes; the file has {len} (at most 100 MB)"),
+        ));
+    }
+    let mut header = vec![0; n as usize];
+    read_exact_at(&file, path, 8, &mut header)?;
+    let meta: Metadata = serde_json::from_slice(&header)
+        .map_err(|e| shard_error(path, 8, Cause::new("bad safetensors header", e)))?;
     let data_start = 8 + n;
-    let tensor = |name: &str| -> Option<(&TensorInfo, &[u8])> {
-        let info = meta.info(name)?;
+    let data_end = data_start + meta.data_len() as u64;
+    if data_end != len {
+        return Err(bad(
+            data_start,
+            format!("the header's tensors end at byte {data_end}; the file has {len}"),
+        ));
+    }
+    let read = |info: &TensorInfo| -> Result<Vec<u8>> {
         let (s, e) = info.data_offsets;
-        Some((info, &map[data_start + s..data_start + e]))
+        let mut data = vec![0; e - s];
+        read_exact_at(&file, path, data_start + s as u64, &mut data)?;
+        Ok(data)
     };
-    let (linfo, ldata) = tensor("labels").ok_or_else(|| bad("no `labels` tensor".into()))?;
-    let raw = ints(ldata, linfo).ok_or_else(|| {
+    let (layout, labels) = layout_of(path, &meta, data_start as usize, &read)?;
+    let rows = rows_of(&meta, labels.len(), data_start as usize);
+    Ok(Shard {
+        file,
+        path: path.to_path_buf(),
+        layout,
+        labels,
+        rows,
+    })
+}
+
+/// The shard's layout and labels, from its header; `read` gives a
+/// tensor's bytes.
+fn layout_of(
+    path: &Path,
+    meta: &Metadata,
+    data_start: usize,
+    read: &dyn Fn(&TensorInfo) -> Result<Vec<u8>>,
+) -> Result<(HostLayout, Vec<u32>)> {
+    let bad = |reason: String| shard_error(path, 0, reason);
+    let tensor = |name: &str| meta.info(name);
+    let linfo = tensor("labels").ok_or_else(|| bad("no `labels` tensor".into()))?;
+    let raw = ints(&read(linfo)?, linfo).ok_or_else(|| {
         bad(format!(
             "`labels` has dtype {:?}, not an integer",
             linfo.dtype
@@ -164,7 +203,7 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
         })
         .collect::<Result<Vec<u32>>>()?;
     let count = labels.len();
-    let layout = if let Some((info, _)) = tensor("images") {
+    let layout = if let Some(info) = tensor("images") {
         match (info.dtype, info.shape.as_slice()) {
             (Dtype::U8, &[n, h, w, 3]) if n == count && h > 0 && w > 0 => HostLayout::Pixels {
                 start: data_start + info.data_offsets.0,
@@ -177,7 +216,7 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
                 )))
             }
         }
-    } else if let Some((info, _)) = tensor("encoded") {
+    } else if let Some(info) = tensor("encoded") {
         if info.dtype != Dtype::U8 || info.shape.len() != 1 {
             return Err(bad(format!(
                 "`encoded` is {:?} {:?}, expected U8 [B]",
@@ -185,9 +224,8 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
             )));
         }
         let total = info.shape[0];
-        let (oinfo, odata) =
-            tensor("offsets").ok_or_else(|| bad("`encoded` without `offsets`".into()))?;
-        let offsets = ints(odata, oinfo)
+        let oinfo = tensor("offsets").ok_or_else(|| bad("`encoded` without `offsets`".into()))?;
+        let offsets = ints(&read(oinfo)?, oinfo)
             .filter(|_| oinfo.shape == [count + 1])
             .ok_or_else(|| {
                 bad(format!(
@@ -217,6 +255,11 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
     } else {
         return Err(bad("neither `images` nor `encoded` tensor".into()));
     };
+    Ok((layout, labels))
+}
+
+/// Every tensor with a row per sample (`[count, ..]`), by name.
+fn rows_of(meta: &Metadata, count: usize, data_start: usize) -> Vec<Rows> {
     let mut rows: Vec<Rows> = meta
         .tensors()
         .into_iter()
@@ -233,12 +276,7 @@ fn open_shard_map(path: &Path, map: Mmap) -> Result<Shard> {
         })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Shard {
-        map,
-        layout,
-        labels,
-        rows,
-    })
+    rows
 }
 
 impl Source for SafetensorsShards {
@@ -247,33 +285,39 @@ impl Source for SafetensorsShards {
     }
 
     fn read(&self, index: usize) -> Result<Record> {
+        self.read_reusing(index, Vec::new())
+    }
+
+    /// One positioned read of the sample's pixels or encoded bytes into
+    /// `bytes` (reused).
+    fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
         let (s, n) = self.set.locate(index)?;
         let shard = &self.shards[s];
         let key = self.set.key(index);
         let label = shard.labels[n];
-        Ok(match &shard.layout {
+        let (at, size, rgb_size) = match &shard.layout {
             HostLayout::Pixels {
                 start,
                 height,
                 width,
             } => {
                 let size = height * width * 3;
-                let at = start + n * size;
-                Record {
-                    key,
-                    bytes: shard.map[at..at + size].to_vec(),
-                    label,
-                    rgb_size: Some(Size::new(*width, *height)),
-                    parts: Vec::new(),
-                }
+                (start + n * size, size, Some(Size::new(*width, *height)))
             }
             HostLayout::Encoded { start, bounds } => {
                 let (a, b) = bounds[n];
                 if a == b {
                     return Err(Error::EmptyFile { key });
                 }
-                Record::encoded(key, shard.map[start + a..start + b].to_vec(), label)
+                (start + a, b - a, None)
             }
+        };
+        bytes.clear();
+        bytes.resize(size, 0);
+        read_exact_at(&shard.file, &shard.path, at as u64, &mut bytes)?;
+        Ok(Record {
+            rgb_size,
+            ..Record::encoded(key, bytes, label)
         })
     }
 
@@ -281,16 +325,16 @@ impl Source for SafetensorsShards {
     /// and any other) gives sample `n`'s row as [`Value::Array`], named as
     /// the tensor.
     fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
-        drop(bytes);
-        let mut record = self.read(index)?;
+        let mut record = self.read_reusing(index, bytes)?;
         if *parts == Parts::Default {
             return Ok(record);
         }
         let (s, n) = self.set.locate(index)?;
         let shard = &self.shards[s];
         for r in shard.rows.iter().filter(|r| parts.wants(&r.name)) {
+            let mut data = vec![0; r.row_bytes];
             let at = r.start + n * r.row_bytes;
-            let data = shard.map[at..at + r.row_bytes].to_vec();
+            read_exact_at(&shard.file, &shard.path, at as u64, &mut data)?;
             let value = Value::Array {
                 dtype: r.dtype.clone(),
                 shape: r.shape.clone(),
