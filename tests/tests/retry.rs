@@ -2,10 +2,12 @@
 //! interrupted, timed out) is tried again up to `n` more times before the
 //! sample is bad, and the error then says how many tries there were; an
 //! error about the data (a missing file) is never retried. In the
-//! random-access mode and the streaming mode alike (records read one by
-//! one from shards).
+//! random-access mode and the streaming mode alike: records read one by
+//! one from shards, or from a source's own sequential reader of a shard
+//! (a compressed TFRecord shard's), which is opened again and read up to
+//! the record that failed.
 
-use candle_wick::source::{MemorySource, Parts, Record};
+use candle_wick::source::{MemorySource, Parts, Record, RecordStream};
 use candle_wick::{BadSamples, Error, Loader, Result, Source};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,14 +15,21 @@ use tests::{encode, pattern};
 
 /// 12 small PNGs; reads of samples 3 and 7 fail with `error` the first
 /// `fails` times each; sample 10's read always fails with "not found".
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Flaky {
     inner: MemorySource,
-    /// Three shards of four records, for the streaming mode.
+    /// Shards for the streaming mode.
     shards: Vec<candle_wick::source::ShardInfo>,
     fails: usize,
     error: fn() -> std::io::Error,
     reads: Arc<Mutex<HashMap<usize, usize>>>,
+    /// Shards are read by the source's own stream, as a compressed
+    /// TFRecord shard is: after a transient error it has lost its place,
+    /// and every later read of it fails too.
+    own_stream: bool,
+    /// The shard's stream cannot be opened again (the file is gone).
+    reopen_fails: bool,
+    opens: Arc<Mutex<HashMap<usize, usize>>>,
 }
 
 impl Source for Flaky {
@@ -59,13 +68,56 @@ impl Source for Flaky {
     fn shards(&self) -> &[candle_wick::source::ShardInfo] {
         &self.shards
     }
+
+    fn stream_shard(&self, shard: usize, _parts: &Parts) -> Result<Option<RecordStream>> {
+        if !self.own_stream {
+            return Ok(None);
+        }
+        let opens = {
+            let mut opens = self.opens.lock().unwrap();
+            let n = opens.entry(shard).or_default();
+            *n += 1;
+            *n
+        };
+        if self.reopen_fails && opens > 1 {
+            return Err(Error::Io {
+                path: format!("flaky/shard{shard}").into(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
+        let info = &self.shards[shard];
+        let (me, mut lost) = (self.clone(), false);
+        let records = info.first..info.first + info.records;
+        Ok(Some(Box::new(records.map(move |i| {
+            if lost {
+                return Err(Error::Io {
+                    path: "flaky/stream".into(),
+                    source: std::io::Error::from_raw_os_error(5),
+                });
+            }
+            let r = me.read(i);
+            lost = matches!(&r, Err(e) if e.is_transient());
+            r
+        }))))
+    }
+}
+
+/// How the loader reads the shards.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Random,
+    /// Three shards of four records, each record read by `read_parts`.
+    Stream,
+    /// Two shards of six records (the failing ones inside a shard), read
+    /// by the source's own stream.
+    OwnStream,
 }
 
 fn loader(
     retries: u32,
     fails: usize,
     error: fn() -> std::io::Error,
-    stream: bool,
+    mode: Mode,
 ) -> (Loader, Flaky) {
     let png = encode(&pattern(8, 8, 1), image::ImageFormat::Png);
     let records: Vec<Record> = (0..12)
@@ -74,10 +126,16 @@ fn loader(
     let reads = Arc::new(Mutex::new(HashMap::new()));
     let src = || Flaky {
         inner: MemorySource::new(records.clone()),
-        shards: tests::fake_shards(3, 4),
+        shards: match mode {
+            Mode::OwnStream => tests::fake_shards(2, 6),
+            _ => tests::fake_shards(3, 4),
+        },
         fails,
         error,
         reads: reads.clone(),
+        own_stream: mode == Mode::OwnStream,
+        reopen_fails: false,
+        opens: Default::default(),
     };
     let flaky = src();
     let mut b = Loader::builder(src())
@@ -86,7 +144,7 @@ fn loader(
         .workers(2)
         .bad_samples(BadSamples::Skip)
         .retry(retries);
-    if stream {
+    if mode != Mode::Random {
         b = b.interleave(2, 1).shuffle_buffer(3);
     }
     let l = b.build().unwrap();
@@ -111,11 +169,16 @@ fn run(l: &mut Loader) -> (usize, Vec<(String, String)>) {
 fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
     let eio = || std::io::Error::from_raw_os_error(5);
     let eagain = || std::io::Error::from(std::io::ErrorKind::WouldBlock);
-    let cases = [(eio as fn() -> _, false), (eagain, false), (eio, true)];
-    for (error, stream) in cases {
+    let cases = [
+        (eio as fn() -> _, Mode::Random),
+        (eagain, Mode::Random),
+        (eio, Mode::Stream),
+        (eio, Mode::OwnStream),
+    ];
+    for (error, mode) in cases {
         // Two failures, three tries allowed: only the missing file is bad,
         // and it was read once.
-        let (mut l, flaky) = loader(3, 2, error, stream);
+        let (mut l, flaky) = loader(3, 2, error, mode);
         let (good, bad) = run(&mut l);
         assert_eq!(good, 11);
         assert_eq!(bad.len(), 1, "{bad:?}");
@@ -124,10 +187,14 @@ fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
         let reads = flaky.reads.lock().unwrap().clone();
         assert_eq!((reads[&3], reads[&7], reads[&10]), (3, 3, 1));
         assert_eq!(l.stats().read_retries, 4);
+        if mode == Mode::OwnStream {
+            // Opened again twice, and read up to the record each time.
+            assert_eq!((reads[&0], reads[&6], reads[&11]), (3, 3, 1));
+        }
 
         // Two failures, one retry: both flaky samples are bad, with the
         // transient error and the tries in their reason.
-        let (mut l, _) = loader(1, 2, error, stream);
+        let (mut l, _) = loader(1, 2, error, mode);
         let (good, bad) = run(&mut l);
         assert_eq!(good, 9);
         let mut keys: Vec<_> = bad.iter().map(|(k, _)| k.as_str()).collect();
@@ -140,8 +207,48 @@ fn transient_read_errors_are_retried_and_then_named_with_the_tries() {
         }
     }
     // Without retry, the first failure is final.
-    let (mut l, flaky) = loader(0, 1, eio, false);
+    let (mut l, flaky) = loader(0, 1, eio, Mode::Random);
     let (good, _) = run(&mut l);
     assert_eq!(good, 9);
     assert_eq!(flaky.reads.lock().unwrap()[&3], 1);
+}
+
+/// A shard's stream that cannot be opened again after a transient error
+/// (its file is gone): the failed record and every later one of the shard
+/// are bad at once with that cause, after one wait, not one a record.
+#[test]
+fn a_stream_that_cannot_be_reopened_fails_the_rest_of_its_shard_at_once() {
+    let (_, flaky) = loader(
+        3,
+        2,
+        || std::io::Error::from_raw_os_error(5),
+        Mode::OwnStream,
+    );
+    let flaky = Flaky {
+        reopen_fails: true,
+        ..flaky
+    };
+    let mut l = Loader::builder(flaky)
+        .batch_size(4)
+        .image_size(8)
+        .workers(2)
+        .bad_samples(BadSamples::Skip)
+        .retry(3)
+        .interleave(2, 1)
+        .shuffle_buffer(3)
+        .build()
+        .unwrap();
+    let (good, bad) = run(&mut l);
+    // Shard 0: 0-2 good, 3-5 lost; shard 1: 6 good, 7-11 lost.
+    assert_eq!(good, 4, "{bad:?}");
+    assert_eq!(bad.len(), 8);
+    for (_, reason) in &bad {
+        assert!(
+            reason.contains("cannot reopen the shard's stream after a read error")
+                && reason.contains("flaky/shard"),
+            "{reason}"
+        );
+    }
+    // One retry (and wait) a shard, not one a record.
+    assert_eq!(l.stats().read_retries, 2);
 }

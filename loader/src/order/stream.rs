@@ -15,7 +15,9 @@
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
 use crate::rng::{keyed_rng, Purpose};
-use crate::source::{read_retrying, Parts, Record, Retry, ShardInfo, Source};
+use crate::source::{
+    read_retrying, retry_wait, tried, Parts, Record, RecordStream, Retry, ShardInfo, Source,
+};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -329,9 +331,10 @@ impl StreamPlanner {
 
 /// Exactly `info.records` items of shard `s`, numbered with source indices,
 /// with the named `parts` (a source's own shard reader gives what it
-/// stores). Records read one by one are tried again after a transient
-/// error as `retry` says; a source's own sequential reader (a compressed
-/// TFRecord shard) is not.
+/// stores). A record that fails with a transient error is tried again as
+/// `retry` says: read again, or, from a source's own sequential reader (a
+/// compressed TFRecord shard), by reopening the shard's stream and reading
+/// up to it again ([`Reopening`]).
 fn shard_stream(
     source: &Arc<dyn Source>,
     info: &ShardInfo,
@@ -350,7 +353,19 @@ fn shard_stream(
     match source.stream_shard(s, &parts) {
         Ok(Some(stream)) => Box::new(
             range
-                .zip(stream.map(Some).chain(std::iter::repeat_with(|| None)))
+                .zip(
+                    Reopening {
+                        source: source.clone(),
+                        shard: s,
+                        parts: parts.clone(),
+                        retry,
+                        path: info.path.clone(),
+                        stream,
+                        done: 0,
+                    }
+                    .map(Some)
+                    .chain(std::iter::repeat_with(|| None)),
+                )
                 .map(move |(i, r)| (i, r.unwrap_or_else(|| Err(gap(i))))),
         ),
         Ok(None) => {
@@ -385,6 +400,90 @@ fn shard_stream(
                     }),
                 )
             }))
+        }
+    }
+}
+
+/// A source's own sequential reader of one shard (a compressed TFRecord
+/// shard, whose decompressor's state a failed read may have lost), made
+/// to retry: after a transient error it waits as a retried read does,
+/// opens the shard's stream again and reads past the records already
+/// given (decompressing them again: the cost of a retry is the shard up to
+/// the failed record), then tries the record again; up to `retry.retries`
+/// more tries a record.
+struct Reopening {
+    source: Arc<dyn Source>,
+    shard: usize,
+    parts: Arc<Parts>,
+    retry: Retry,
+    /// The shard's file, for errors.
+    path: std::path::PathBuf,
+    stream: RecordStream,
+    /// Records given so far.
+    done: usize,
+}
+
+impl Reopening {
+    /// The shard's stream opened again and read past the records given:
+    /// an error when it cannot be, or fails transiently on the way.
+    fn reopen(&mut self) -> Result<()> {
+        let Some(mut stream) = self.source.stream_shard(self.shard, &self.parts)? else {
+            return Ok(());
+        };
+        for _ in 0..self.done {
+            match stream.next() {
+                // Records given before (a bad one as before) are dropped.
+                Some(Err(e)) if e.is_transient() => return Err(e),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        self.stream = stream;
+        Ok(())
+    }
+}
+
+impl Iterator for Reopening {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        let mut attempts = 1;
+        loop {
+            let result = self.stream.next()?;
+            let retry = matches!(&result, Err(e) if e.is_transient())
+                && attempts <= self.retry.retries
+                && !self.retry.cancel.load(std::sync::atomic::Ordering::Relaxed);
+            if !retry {
+                self.done += 1;
+                return Some(result.map_err(|e| tried(e, attempts)));
+            }
+            // Reopened until a try gets as far as the record, within the
+            // same count of tries.
+            loop {
+                (self.retry.on_retry)();
+                retry_wait(attempts, &self.retry.cancel);
+                attempts += 1;
+                match self.reopen() {
+                    Ok(()) => break,
+                    Err(e) if e.is_transient() && attempts <= self.retry.retries => {}
+                    Err(e) => {
+                        // The shard's stream is lost: this record and every
+                        // later one fail with the cause, at once.
+                        self.done += 1;
+                        let cause = Arc::new(tried(e, attempts));
+                        let path = self.path.clone();
+                        let lost = move || Error::Shard {
+                            path: path.clone(),
+                            offset: 0,
+                            reason: "cannot reopen the shard's stream after a read error".into(),
+                            source: Some(Box::new(cause.clone())),
+                        };
+                        let first = lost();
+                        self.stream = Box::new(std::iter::repeat_with(move || Err(lost())));
+                        return Some(Err(first));
+                    }
+                }
+            }
         }
     }
 }

@@ -373,9 +373,8 @@ impl std::fmt::Debug for Retry {
 
 /// `source.read_parts(index, parts, bytes)`, tried up to `retries` more
 /// times while it fails with a transient error ([`Error::is_transient`]),
-/// 10, 20, 40 ... ms apart (at most 200 ms; `cancel` cuts the wait
-/// short), calling `on_retry` for each retry. An error after retries says
-/// how many tries there were ([`Error::Retried`]).
+/// waiting as [`retry_wait`] says, calling `on_retry` for each retry. An
+/// error after retries says how many tries there were ([`Error::Retried`]).
 pub(crate) fn read_retrying(
     source: &dyn Source,
     (index, parts, bytes): (usize, &Parts, Vec<u8>),
@@ -383,8 +382,6 @@ pub(crate) fn read_retrying(
     cancel: &std::sync::atomic::AtomicBool,
     on_retry: &dyn Fn(),
 ) -> Result<Record> {
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
     let mut result = source.read_parts(index, parts, bytes);
     let mut attempts = 1;
     while let Err(e) = &result {
@@ -392,25 +389,38 @@ pub(crate) fn read_retrying(
             break;
         }
         on_retry();
-        let wait =
-            Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
-        let until = Instant::now() + wait;
-        while let Some(left) = until.checked_duration_since(Instant::now()) {
-            if cancel.load(Ordering::Relaxed) || left.is_zero() {
-                break;
-            }
-            std::thread::sleep(left.min(Duration::from_millis(2)));
-        }
+        retry_wait(attempts, cancel);
         attempts += 1;
         result = source.read_parts(index, parts, Vec::new());
     }
-    result.map_err(|e| match attempts {
-        1 => e,
+    result.map_err(|e| tried(e, attempts))
+}
+
+/// The wait before retry number `attempts` of a read: 10, 20, 40 ... ms
+/// (at most 200 ms), cut short by `cancel`.
+pub(crate) fn retry_wait(attempts: u32, cancel: &std::sync::atomic::AtomicBool) {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let wait = Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
+    let until = Instant::now() + wait;
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if cancel.load(Ordering::Relaxed) || left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(2)));
+    }
+}
+
+/// A read's error after `attempts` tries: [`Error::Retried`] when there
+/// was more than one.
+pub(crate) fn tried(e: Error, attempts: u32) -> Error {
+    match attempts {
+        0 | 1 => e,
         attempts => Error::Retried {
             attempts,
             source: Box::new(e),
         },
-    })
+    }
 }
 
 /// The key of file `index` of a list of labelled files.
