@@ -1,12 +1,13 @@
-//! Checkpoints: the model's weights, the step and the loader's state,
-//! written so that a kill at any moment leaves the previous checkpoint or
-//! the new one, never a mix.
+//! Checkpoints: the model's weights, the optimizer's moments, the step and
+//! the loader's state, written so that a kill at any moment leaves the
+//! previous checkpoint or the new one, never a mix.
 //!
 //! Layout of a checkpoint directory:
 //!
 //! ```text
-//! DIR/step-000000120/model.safetensors   the VarMap (weights and batch-norm statistics)
-//! DIR/step-000000120/state.json          {"step": 120, "loader": LoaderState}
+//! DIR/step-000000120/model.safetensors      the VarMap (weights and batch-norm statistics)
+//! DIR/step-000000120/optimizer.safetensors  AdamW's moments (`m.<name>`, `v.<name>`)
+//! DIR/step-000000120/state.json             {"step": 120, "loader": LoaderState}
 //! DIR/latest                             "step-000000120"
 //! ```
 //!
@@ -14,11 +15,12 @@
 //! renamed to `step-N`, and only then `latest` replaced (written aside,
 //! synced, renamed over). Older checkpoints are removed after.
 //!
-//! Not saved: AdamW's moment estimates and step count. candle-nn 0.11 keeps
-//! them private (`candle-nn/src/optim.rs`: `AdamW::step_t` and the
-//! `VarAdamW` moments have no accessor), so a resumed run continues from
-//! the saved weights with a fresh optimizer, whose moments warm up again.
+//! AdamW's step count is the training step (one update a step). With the
+//! moments saved (`optim.rs`: candle-nn's `AdamW` keeps them private), a
+//! resumed run on the CPU ends with the same weights, bit for bit, as a run
+//! never stopped (tests/checkpoint.rs).
 
+use crate::optim::AdamW;
 use candle_nn::VarMap;
 use candle_wick::LoaderState;
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The optimizer's file in a checkpoint folder.
+pub(crate) const OPTIMIZER: &str = "optimizer.safetensors";
 
 /// What a checkpoint holds beside the weights.
 #[derive(Debug, Serialize, Deserialize)]
@@ -50,9 +55,9 @@ fn sync_dir(dir: &Path) -> Res<()> {
     Ok(())
 }
 
-/// Saves checkpoint `saved` with the weights of `varmap` in `dir`, as the
-/// module docs say; returns its folder.
-pub(crate) fn save(dir: &Path, varmap: &VarMap, saved: &Saved) -> Res<PathBuf> {
+/// Saves checkpoint `saved` with the weights of `varmap` and the moments
+/// of `opt` in `dir`, as the module docs say; returns its folder.
+pub(crate) fn save(dir: &Path, varmap: &VarMap, opt: &AdamW, saved: &Saved) -> Res<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let name = format!("step-{:09}", saved.step);
     let tmp = dir.join(format!("{name}.tmp"));
@@ -63,6 +68,9 @@ pub(crate) fn save(dir: &Path, varmap: &VarMap, saved: &Saved) -> Res<PathBuf> {
     let model = tmp.join("model.safetensors");
     varmap.save(&model)?;
     std::fs::File::open(&model)?.sync_all()?;
+    let moments = tmp.join(OPTIMIZER);
+    opt.save(&moments)?;
+    std::fs::File::open(&moments)?.sync_all()?;
     write_synced(&tmp.join("state.json"), &serde_json::to_vec_pretty(saved)?)?;
     sync_dir(&tmp)?;
     let done = dir.join(&name);

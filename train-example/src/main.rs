@@ -13,11 +13,12 @@
 
 mod checkpoint;
 mod model;
+mod optim;
 mod plot;
 mod shapes;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{loss, ParamsAdamW, VarBuilder, VarMap};
 use candle_wick::source::ImageFolder;
 use candle_wick::{Loader, Setting, Transforms};
 use clap::Parser;
@@ -198,8 +199,7 @@ fn main() -> Res<()> {
             checkpoint::truncate_keys_log(log, step)?;
         }
         println!(
-            "resumed: {} at step {step}, epoch {} batch {} (AdamW's moments are not saved: \
-             they warm up again)",
+            "resumed: {} at step {step}, epoch {} batch {}",
             folder.display(),
             saved.loader.epoch,
             saved.loader.batch
@@ -222,14 +222,20 @@ fn main() -> Res<()> {
         signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
         signal_hook::flag::register(signal, stop.clone())?;
     }
-    let mut opt = AdamW::new(
-        varmap.all_vars(),
+    let mut opt = optim::AdamW::new(
+        &varmap,
         ParamsAdamW {
             lr: args.lr,
             weight_decay: 5e-4,
             ..Default::default()
         },
     )?;
+    if let Some((folder, saved)) = &resumed {
+        // One optimizer step a training step: its count is the step.
+        let path = folder.join(checkpoint::OPTIMIZER);
+        opt.load(&path, saved.step)
+            .map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+    }
     let steps_per_epoch = if args.steps == 0 {
         train.len()
     } else {
@@ -294,7 +300,7 @@ fn main() -> Res<()> {
                         step,
                         loader: state.clone(),
                     };
-                    checkpoint::save(dir, &varmap, &saved)?;
+                    checkpoint::save(dir, &varmap, &opt, &saved)?;
                 }
             }
             if interrupted {
@@ -338,7 +344,7 @@ fn main() -> Res<()> {
             step,
             loader: state,
         };
-        let folder = checkpoint::save(dir, &varmap, &saved)?;
+        let folder = checkpoint::save(dir, &varmap, &opt, &saved)?;
         println!("checkpoint: {}", folder.display());
     }
     println!("loader report:\n{}", train.stats().report());

@@ -1,7 +1,9 @@
 //! The training example resumes exactly: a run killed with SIGKILL at a
 //! point it does not choose, or stopped with Ctrl-C (SIGINT: it finishes
 //! the step, checkpoints and exits 0), and resumed with `--resume`, trains
-//! on the same samples in the same order as a run never interrupted.
+//! on the same samples in the same order as a run never interrupted, and
+//! ends with the same weights and optimizer moments, bit for bit (the CPU's
+//! arithmetic is deterministic; the checkpoint holds AdamW's moments).
 
 use image::{Rgb, RgbImage};
 use std::path::{Path, PathBuf};
@@ -84,6 +86,32 @@ fn uninterrupted(dir: &Path, data: &Path) -> Vec<String> {
     keys
 }
 
+/// Copies checkpoint folder `from` (its files and step folders) to `to`.
+fn copy_checkpoints(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_checkpoints(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).unwrap();
+        }
+    }
+}
+
+/// The final (step 18) checkpoints in `a` and `b` hold the same bytes:
+/// weights, moments and state.
+fn same_final_checkpoint(a: &Path, b: &Path) {
+    assert_eq!((saved_step(a), saved_step(b)), (18, 18));
+    let last = |d: &Path| d.join(format!("step-{:09}", saved_step(d)));
+    for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+        let x = std::fs::read(last(a).join(file)).unwrap();
+        let y = std::fs::read(last(b).join(file)).unwrap();
+        assert!(x == y, "{file} differs between the two runs");
+    }
+}
+
 #[test]
 fn a_run_killed_with_sigkill_resumes_with_the_uninterrupted_runs_samples() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,6 +134,15 @@ fn a_run_killed_with_sigkill_resumes_with_the_uninterrupted_runs_samples() {
         (2..18).contains(&saved_step(&ckpt)),
         "killed mid-run, after a checkpoint"
     );
+    // A copy of this checkpoint (and of the keys log) resumed once and
+    // never stopped: what the run killed again must end with.
+    let (ref_log, ref_ckpt) = (dir.path().join("ref.txt"), dir.path().join("ref"));
+    copy_checkpoints(&ckpt, &ref_ckpt);
+    std::fs::copy(&log, &ref_log).unwrap();
+    let status = example(&data, &ref_log, &["--resume", ref_ckpt.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
     let mut child = example(
         &data,
         &log,
@@ -123,6 +160,8 @@ fn a_run_killed_with_sigkill_resumes_with_the_uninterrupted_runs_samples() {
         .unwrap();
     assert!(status.success());
     assert_eq!(keys(&log), full, "the resumed run trained on other samples");
+    assert_eq!(keys(&ref_log), full);
+    same_final_checkpoint(&ref_ckpt, &ckpt);
 }
 
 #[test]
