@@ -57,6 +57,8 @@ fn run(l: &mut Loader) -> (usize, Vec<String>) {
 fn faults_give_the_documented_result_and_drops_join_promptly() {
     files_deleted_or_locked_after_indexing_are_bad_samples_naming_them();
     a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash();
+    #[cfg(target_os = "linux")]
+    a_token_file_truncated_while_mapped_is_an_error_naming_it_not_sigbus();
     dropping_at_every_point_joins_every_thread_within_100_ms();
 }
 
@@ -147,6 +149,51 @@ fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
         for s in &skipped {
             assert!(s.contains(ext), "{s}");
         }
+    }
+}
+
+/// Token files stay memory-mapped; on Linux their mapping is guarded, so
+/// a file cut short while a loader reads it gives bad samples naming it
+/// (every window read after the first that met a lost page), not SIGBUS.
+#[cfg(target_os = "linux")]
+fn a_token_file_truncated_while_mapped_is_an_error_naming_it_not_sigbus() {
+    use candle_wick::map::TokenWindowsMap;
+    use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    let bytes: Vec<u8> = (0..65_536u32)
+        .flat_map(|i| (i as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&path, bytes).unwrap();
+    let src = TokenSource::new(
+        vec![TokenFile::open(&path).unwrap()],
+        64,
+        WindowOrder::NonOverlapping,
+    )
+    .unwrap();
+    let windows = src.len();
+    let mut l = Loader::builder(src.clone())
+        .map(TokenWindowsMap::new(&src))
+        .batch_size(4)
+        .workers(2)
+        .batches_in_flight(2)
+        .prefetch(1)
+        .bad_samples(BadSamples::Skip)
+        .build()
+        .unwrap();
+    // Cut to a quarter (the first 16,384 tokens: windows 0-254 whole).
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(32_768).unwrap();
+    drop(f);
+    let (good, skipped) = run(&mut l);
+    assert!(good > 0 && good <= 255, "{good} delivered");
+    assert_eq!(
+        good + skipped.len(),
+        windows,
+        "every window delivered or named"
+    );
+    for s in &skipped {
+        assert!(s.contains("train.bin") && s.contains("truncated"), "{s}");
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod folder;
 mod list;
+mod mapguard;
 mod memory;
 mod open;
 mod shards;

@@ -45,13 +45,18 @@ pub enum TokenLayout {
 
 /// One memory-mapped token file.
 ///
-/// The mapping is read-only and every read is bounds-checked, which is
-/// sound only while no one writes or truncates the file (a truncation is a
-/// `SIGBUS` on the next read of a lost page); replacing it by a rename is
-/// fine.
+/// The mapping is read-only and every read is bounds-checked. Do not write
+/// to the file in place while it is read (its bytes would change under a
+/// reader); replacing it by a rename is fine. A file truncated while it is
+/// read is an error naming it on Linux: every read after one has met a
+/// page past the file's new end fails (the mapping is guarded: see
+/// `source/mapguard.rs`). Elsewhere, or when more than 4,096 token files are
+/// open, such a read is `SIGBUS`, which ends the process.
 #[derive(Debug)]
 pub struct TokenFile {
     path: PathBuf,
+    /// Declared before `map`, so it is unregistered before the unmap.
+    guard: super::mapguard::Guard,
     map: Mmap,
     /// Where the tokens start, in bytes.
     start: usize,
@@ -135,6 +140,7 @@ impl TokenFile {
         };
         Ok(Self {
             path: path.to_path_buf(),
+            guard: super::mapguard::Guard::new(&map),
             map,
             start,
             len,
@@ -162,10 +168,25 @@ impl TokenFile {
         self.len == 0
     }
 
-    /// Token `i`.
+    /// Token `i`; `None` past the end, or once the file was found
+    /// truncated while mapped.
     pub fn get(&self, i: usize) -> Option<u16> {
         let at = self.start + 2 * i;
-        (i < self.len).then(|| u16::from_le_bytes([self.map[at], self.map[at + 1]]))
+        let token = (i < self.len).then(|| u16::from_le_bytes([self.map[at], self.map[at + 1]]));
+        token.filter(|_| !self.guard.damaged())
+    }
+
+    /// The error of a read once the file was found truncated.
+    fn truncated(&self) -> Error {
+        Error::Dataset {
+            path: self.path.clone(),
+            reason: format!(
+                "the file was truncated while it was read (it held {} tokens when opened); \
+                 its reads fail from then on",
+                self.len
+            ),
+            source: None,
+        }
     }
 
     /// Copies tokens `first..first + out.len()` into `out`, widened to
@@ -188,6 +209,10 @@ impl TokenFile {
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
             *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
         }
+        // A page lost to a truncation reads as zeros: not the file.
+        if self.guard.damaged() {
+            return Err(self.truncated());
+        }
         Ok(())
     }
 }
@@ -195,10 +220,11 @@ impl TokenFile {
 fn map(path: &Path) -> Result<Mmap> {
     let (file, _) = open_shard(path)?;
     // SAFETY: the map is read-only and every access is bounds-checked
-    // against its length. That is sound only while no one writes or
-    // truncates the file, which this module cannot enforce (a concurrent
-    // write changes bytes behind `&[u8]`; a truncation is SIGBUS): the
-    // type's docs state the contract, as for safetensors shards.
+    // against its length. That is sound only while no one writes the file
+    // in place, which this module cannot enforce (a concurrent write
+    // changes bytes behind `&[u8]`): the type's docs state the contract. A
+    // truncation is SIGBUS on the next read of a lost page, which the
+    // mapping's guard (mapguard.rs) turns into zeros and an error on Linux.
     unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -498,6 +524,37 @@ mod tests {
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         std::fs::write(&path, bytes).unwrap();
         path
+    }
+
+    /// A file cut short while mapped: the read that meets a lost page is an
+    /// error naming the file (not SIGBUS), and so is every read after it;
+    /// a second file mapped meanwhile is not affected.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_file_truncated_while_mapped_is_an_error_not_sigbus() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u16> = (0..65_536u32).map(|i| (i % 50_000) as u16).collect();
+        let path = raw(dir.path(), "cut.bin", &tokens);
+        let other = TokenFile::open(raw(dir.path(), "other.bin", &tokens)).unwrap();
+        let file = TokenFile::open(&path).unwrap();
+        assert!(file.guard.guarded());
+        let mut out = vec![0u32; 1025];
+        file.read_into(60_000, &mut out).unwrap();
+        assert_eq!(out[0], 10_000);
+        // Cut to one page (2,048 tokens).
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(4096).unwrap();
+        drop(f);
+        let err = file.read_into(60_000, &mut out).unwrap_err();
+        let text = crate::error_chain(&err);
+        assert!(
+            text.contains("cut.bin") && text.contains("truncated while it was read"),
+            "{text}"
+        );
+        assert!(file.read_into(0, &mut out).is_err(), "every read after it");
+        assert_eq!(file.get(0), None);
+        other.read_into(60_000, &mut out).unwrap();
+        assert_eq!((out[0], other.get(1)), (10_000, Some(1)));
     }
 
     fn llmc(dir: &Path, name: &str, tokens: &[u16], header: [i32; 3]) -> PathBuf {
