@@ -181,8 +181,8 @@ impl TokenFile {
         Error::Dataset {
             path: self.path.clone(),
             reason: format!(
-                "the file was truncated while it was read (it held {} tokens when opened); \
-                 its reads fail from then on",
+                "the file was truncated while it was read (it held {} tokens when opened), \
+                 or a page of it could not be read; its reads fail from then on",
                 self.len
             ),
             source: None,
