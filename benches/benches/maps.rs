@@ -14,7 +14,9 @@
 //!    that copies the same windows (`seq_len + 1` tokens each) from the
 //!    memory map into one reused buffer; and, for reference, against a loop
 //!    on this thread that builds each batch's `input` and `target` tensors
-//!    from the same windows (as nanoGPT's `get_batch` does), and against
+//!    from the same windows as the loader does (each window's
+//!    `seq_len + 1` tokens written once, `input` and `target` two narrowed
+//!    views of them, as llm.c's loader points both into one buffer), and against
 //!    the least any threaded loader does: two threads that each build
 //!    whole batches' tensors and send them over a bounded channel to this
 //!    thread (no keys, reorder, bad-sample policy, buffer pool or
@@ -230,29 +232,28 @@ fn tokens_against_bare_loop(root: &Path, tokens: usize, rounds: usize) {
     let mut buf = vec![0u32; SEQ + 1];
     // Per round: the bare loop (the limit), the loader, and a loop on this
     // thread that builds each batch's `input` and `target` tensors itself
-    // (what nanoGPT's `get_batch` does), for reference.
+    // (as the loader does), for reference.
     let mut ratios = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     // Minor page faults per batch, by variant: a CPU batch is fresh memory
     // (it becomes the tensor), and how much of it the allocator faults in
     // anew (memory it gave back to the kernel) moves the rates a lot.
     let mut faults = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-    // One batch's `input` and `target` tensors, built on the calling thread.
+    // One batch's `input` and `target` tensors, built on the calling
+    // thread as the loader builds them: each window's `seq_len + 1` tokens
+    // written once into a `[n, seq_len + 1]` tensor, and `input` / `target`
+    // its two narrowed views.
     let build = |epoch: u64, indices: &[usize]| {
         let n = indices.len();
-        let (mut input, mut target) = (vec![0u32; n * SEQ], vec![0u32; n * SEQ]);
-        for (j, &i) in indices.iter().enumerate() {
+        let mut tokens = vec![0u32; n * (SEQ + 1)];
+        for (row, &i) in tokens.chunks_exact_mut(SEQ + 1).zip(indices) {
             let w = src.window(1, epoch, i).expect("window");
-            let file = &src.files()[w.file];
-            let rows = j * SEQ..(j + 1) * SEQ;
-            file.read_into(w.token, &mut input[rows.clone()])
-                .expect("read");
-            file.read_into(w.token + 1, &mut target[rows])
-                .expect("read");
+            src.files()[w.file].read_into(w.token, row).expect("read");
         }
         let dev = &candle_core::Device::Cpu;
-        let x = candle_core::Tensor::from_vec(input, (n, SEQ), dev).expect("x");
-        let y = candle_core::Tensor::from_vec(target, (n, SEQ), dev).expect("y");
+        let t = candle_core::Tensor::from_vec(tokens, (n, SEQ + 1), dev).expect("tokens");
+        let x = t.narrow(1, 0, SEQ).expect("x");
+        let y = t.narrow(1, 1, SEQ).expect("y");
         (x, y)
     };
     for round in 0..=rounds {

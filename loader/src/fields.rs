@@ -132,6 +132,48 @@ impl Field {
     }
 }
 
+/// A batch tensor that is a slice of another field's, not stored: samples'
+/// elements `start..start + len` along the field's first per-sample axis,
+/// `[batch, len, ..]`, sharing the field's memory (a strided view: rows
+/// `shape[0]` elements apart). The token map's `input` and `target` are two
+/// views of one `tokens` field of `seq_len + 1` tokens a window, as llm.c's
+/// loader points both into one buffer: each window is written once.
+/// An op that needs a contiguous tensor copies it (`Tensor::contiguous`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    /// The name a batch gives the tensor by ([`crate::Batch::get`]).
+    pub name: String,
+    /// The field it is a slice of.
+    pub of: String,
+    /// First element of the slice along the field's first per-sample axis.
+    pub start: usize,
+    /// Elements in the slice.
+    pub len: usize,
+}
+
+impl View {
+    /// Elements `range` of field `of` along its first per-sample axis.
+    pub fn new(
+        name: impl Into<String>,
+        of: impl Into<String>,
+        range: std::ops::Range<usize>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            of: of.into(),
+            start: range.start,
+            len: range.end.saturating_sub(range.start),
+        }
+    }
+}
+
+/// A [`View`] checked against the schema: the index of its field.
+#[derive(Debug, Clone)]
+pub(crate) struct ViewLayout {
+    pub(crate) view: View,
+    pub(crate) of: usize,
+}
+
 /// Where a field lives in a batch buffer.
 #[derive(Debug, Clone)]
 pub(crate) struct FieldLayout {
@@ -159,6 +201,8 @@ pub(crate) struct Schema {
     pub(crate) packed_bytes: usize,
     /// Whether a field is padded (the workers then pad after the map).
     pub(crate) padded: bool,
+    /// Views of the fields, after them in a batch's tensors.
+    pub(crate) views: Vec<ViewLayout>,
 }
 
 impl Schema {
@@ -238,7 +282,50 @@ impl Schema {
             padded: out.iter().any(|f| f.len_field.is_some()),
             fields: out,
             packed_bytes: offset.max(ALIGN),
+            views: Vec::new(),
         })
+    }
+
+    /// Adds `views`: each named apart from every field and view, of a
+    /// fixed (not padded) field with a per-sample axis, inside it and not
+    /// empty.
+    pub(crate) fn with_views(mut self, views: &[View]) -> Result<Self> {
+        for v in views {
+            let bad = |why: String| Error::InvalidConfig(format!("view {:?}: {why}", v.name));
+            if v.name.is_empty() || self.index(&v.name).is_some() || self.view(&v.name).is_some() {
+                return Err(bad("needs a name no field or other view has".into()));
+            }
+            let of = self
+                .index(&v.of)
+                .ok_or_else(|| bad(format!("no field {:?}", v.of)))?;
+            let f = &self.fields[of];
+            let axis = f.field.shape.first().copied();
+            if f.field.pad.is_some() || f.by_loader {
+                return Err(bad(format!("field {:?} is padded or a count", v.of)));
+            }
+            match axis {
+                Some(n) if v.len > 0 && v.start + v.len <= n => {}
+                _ => {
+                    return Err(bad(format!(
+                        "elements {}..{} are not inside field {:?} of shape {:?}",
+                        v.start,
+                        v.start + v.len,
+                        v.of,
+                        f.field.shape
+                    )))
+                }
+            }
+            self.views.push(ViewLayout {
+                view: v.clone(),
+                of,
+            });
+        }
+        Ok(self)
+    }
+
+    /// The index of the view named `name`.
+    pub(crate) fn view(&self, name: &str) -> Option<usize> {
+        self.views.iter().position(|v| v.view.name == name)
     }
 
     /// Host bytes of one full batch.
@@ -254,9 +341,18 @@ impl Schema {
         self.fields.iter().position(|f| f.field.name == name)
     }
 
-    /// The names, in order.
+    /// The names of the fields, then of the views, in a batch's order.
     pub(crate) fn names(&self) -> Vec<String> {
-        self.fields.iter().map(|f| f.field.name.clone()).collect()
+        let fields = self.fields.iter().map(|f| f.field.name.clone());
+        fields
+            .chain(self.views.iter().map(|v| v.view.name.clone()))
+            .collect()
+    }
+
+    /// The position of `name` among a batch's tensors (fields, then views).
+    pub(crate) fn tensor(&self, name: &str) -> Option<usize> {
+        self.index(name)
+            .or_else(|| self.view(name).map(|v| self.fields.len() + v))
     }
 }
 
@@ -303,5 +399,48 @@ mod tests {
         assert!(Schema::new(&[], 1).is_err());
         let huge = [Field::new("h", FieldType::F64, &[1 << 30, 1 << 20])];
         assert!(Schema::new(&huge, 2).is_err());
+    }
+
+    #[test]
+    fn views_follow_the_fields_and_must_lie_inside_a_fixed_one() {
+        let fields = [
+            Field::new("tokens", FieldType::U32, &[9]),
+            Field::padded("boxes", FieldType::F32, &[4, 4], 0.0),
+            Field::new("label", FieldType::U32, &[]),
+        ];
+        let schema = || Schema::new(&fields, 2).unwrap();
+        let s = schema()
+            .with_views(&[
+                View::new("input", "tokens", 0..8),
+                View::new("target", "tokens", 1..9),
+            ])
+            .unwrap();
+        assert_eq!(
+            s.names(),
+            ["tokens", "boxes", "boxes_len", "label", "input", "target"].map(String::from)
+        );
+        assert_eq!((s.tensor("label"), s.tensor("target")), (Some(3), Some(5)));
+        assert_eq!(s.views[1].of, 0);
+        assert_eq!(
+            s.batch_bytes(),
+            schema().batch_bytes(),
+            "views take no memory"
+        );
+        let refused = |v: View| {
+            let e = schema().with_views(&[v]).unwrap_err().to_string();
+            assert!(e.contains("view"), "{e}");
+        };
+        refused(View::new("tokens", "tokens", 0..1)); // a field's name
+        refused(View::new("v", "missing", 0..1));
+        refused(View::new("v", "tokens", 2..10)); // past the axis
+        refused(View::new("v", "tokens", 3..3)); // empty
+        refused(View::new("v", "boxes", 0..2)); // padded
+        refused(View::new("v", "boxes_len", 0..1)); // a count
+        refused(View::new("v", "label", 0..1)); // no per-sample axis
+        let twice = [
+            View::new("v", "tokens", 0..1),
+            View::new("v", "tokens", 1..2),
+        ];
+        assert!(schema().with_views(&twice).is_err());
     }
 }

@@ -57,6 +57,29 @@ pub fn thread_names() -> Vec<String> {
         .collect()
 }
 
+/// The loader threads (named `wick-...`) of this process once at most
+/// `expected` are left, or after a second. A joined thread can still be
+/// listed for a moment: `pthread_join` returns when the kernel clears the
+/// thread's id as it releases its memory, a little before the thread
+/// leaves `/proc/self/task`, and on a loaded machine the gap grows. A
+/// thread left behind (never joined) stays listed, so it is still caught.
+pub fn wick_threads_settled(expected: usize) -> Vec<String> {
+    let names = || -> Vec<String> {
+        thread_names()
+            .into_iter()
+            .filter(|n| n.starts_with("wick-"))
+            .collect()
+    };
+    let t = std::time::Instant::now();
+    loop {
+        let now = names();
+        if now.len() <= expected || t.elapsed() > std::time::Duration::from_secs(1) {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Runs `f` on a thread and returns its result; panics ("hang: watchdog
 /// expired") if it has not finished within `secs`. A thread left hanging
 /// does not stop the test binary from exiting.

@@ -49,7 +49,7 @@ fn dropping_an_epoch_mid_way_is_prompt_and_loader_drop_joins_every_thread() {
 
     drop(loader);
     if cfg!(target_os = "linux") {
-        let left = wick_threads();
+        let left = tests::wick_threads_settled(0);
         assert!(left.is_empty(), "threads still alive: {left:?}");
     }
 }

@@ -65,8 +65,17 @@ fn run(
     for b in loader.epoch(epoch) {
         let b = b.unwrap();
         assert_eq!(b.get("input").unwrap().dims(), [8, SEQ]);
+        assert_eq!(b.get("target").unwrap().dims(), [8, SEQ]);
+        // One window of SEQ + 1 tokens a row; input and target are its
+        // views.
+        let t = b.get("tokens").unwrap().to_vec2::<u32>().unwrap();
         let x = b.get("input").unwrap().to_vec2::<u32>().unwrap();
         let y = b.get("target").unwrap().to_vec2::<u32>().unwrap();
+        for ((t, x), y) in t.iter().zip(&x).zip(&y) {
+            assert_eq!((&t[..SEQ], &t[1..]), (&x[..], &y[..]));
+        }
+        let names: Vec<&str> = b.fields().map(|(n, _)| n).collect();
+        assert_eq!(names, ["tokens", "input", "target"]);
         for ((&i, x), y) in b.indices.iter().zip(x).zip(y) {
             out.push((i, x, y));
         }

@@ -87,6 +87,12 @@ pub trait Map: Send + Sync + 'static {
         Parts::Default
     }
 
+    /// Batch tensors that are slices of its fields, not written by it
+    /// ([`View`](crate::fields::View)). Default: none.
+    fn views(&self) -> Vec<crate::fields::View> {
+        Vec::new()
+    }
+
     /// Writes sample [`Sample::index`]'s fields from [`Sample::record`].
     /// Every field must be taken ([`Sample::take`]; the sample is an error
     /// naming the field otherwise, except a padded field given a count of

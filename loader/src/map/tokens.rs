@@ -1,14 +1,19 @@
-//! The language-model map: a token window's input and target, copied
-//! from the memory-mapped token file straight into the batch's slots.
+//! The language-model map: a token window, copied from the memory-mapped
+//! token file straight into the batch's slot.
 
 use super::{Map, Sample};
 use crate::error::Result;
-use crate::fields::{Field, FieldType};
+use crate::fields::{Field, FieldType, View};
 use crate::source::TokenSource;
 
-/// Writes fields `input` and `target` (`u32 [seq_len]` each) of a
-/// [`TokenSource`]'s window: tokens `start..start + seq_len` and
-/// `start + 1..start + 1 + seq_len`, widened from the file's `u16`.
+/// Writes field `tokens` (`u32 [seq_len + 1]`) of a [`TokenSource`]'s
+/// window, widened from the file's `u16`; the batch gives `input` (tokens
+/// `0..seq_len`) and `target` (tokens `1..seq_len + 1`) as
+/// [views](crate::fields::View) of it, `u32 [batch, seq_len]` each, so a
+/// window is converted and written once (as llm.c's loader points inputs
+/// and targets into one buffer). The views are strided (rows `seq_len + 1`
+/// apart): candle's ops take them as they are or copy them
+/// (`Tensor::contiguous`) where they must.
 #[derive(Debug, Clone)]
 pub struct TokenWindowsMap {
     source: TokenSource,
@@ -25,18 +30,24 @@ impl TokenWindowsMap {
 
 impl Map for TokenWindowsMap {
     fn fields(&self) -> Vec<Field> {
+        vec![Field::new(
+            "tokens",
+            FieldType::U32,
+            &[self.source.seq_len() + 1],
+        )]
+    }
+
+    fn views(&self) -> Vec<View> {
         let t = self.source.seq_len();
         vec![
-            Field::new("input", FieldType::U32, &[t]),
-            Field::new("target", FieldType::U32, &[t]),
+            View::new("input", "tokens", 0..t),
+            View::new("target", "tokens", 1..t + 1),
         ]
     }
 
     fn map(&self, s: &mut Sample<'_>) -> Result<()> {
         let w = self.source.window(s.seed(), s.epoch(), s.index())?;
         let file = &self.source.files()[w.file];
-        let (input, target) = (s.take::<u32>(0)?, s.take::<u32>(1)?);
-        file.read_into(w.token, input)?;
-        file.read_into(w.token + 1, target)
+        file.read_into(w.token, s.take::<u32>(0)?)
     }
 }

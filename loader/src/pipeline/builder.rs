@@ -443,7 +443,8 @@ impl LoaderBuilder {
                 (map, None, finish, None)
             }
         };
-        let schema = Arc::new(Schema::new(&map.fields(), self.batch_size)?);
+        let schema =
+            Arc::new(Schema::new(&map.fields(), self.batch_size)?.with_views(&map.views())?);
         let identity = Identity {
             seed,
             shuffle: self.shuffle.is_some(),
@@ -464,6 +465,10 @@ impl LoaderBuilder {
                 .fields
                 .iter()
                 .map(|f| format!("{} {:?} {:?}", f.field.name, f.field.dtype, f.field.shape))
+                .chain(schema.views.iter().map(|v| {
+                    let v = &v.view;
+                    format!("{} = {}[{}..{}]", v.name, v.of, v.start, v.start + v.len)
+                }))
                 .collect(),
             map: transform
                 .as_ref()

@@ -30,7 +30,7 @@ pub struct Skipped {
 /// [`labels`](Self::labels).
 #[derive(Debug)]
 pub struct Batch {
-    /// The fields' tensors, in schema order.
+    /// The fields' tensors, in schema order, then the views'.
     pub(super) fields: Vec<Tensor>,
     pub(super) schema: Arc<Schema>,
     /// The key of every sample, in batch order.
@@ -67,10 +67,11 @@ impl Batch {
         self.after.state(&self.identity)
     }
 
-    /// Field `name`'s tensor, or an error listing the batch's fields.
+    /// Field (or view) `name`'s tensor, or an error listing the batch's
+    /// fields.
     pub fn get(&self, name: &str) -> Result<&Tensor> {
         self.schema
-            .index(name)
+            .tensor(name)
             .map(|i| &self.fields[i])
             .ok_or_else(|| {
                 Error::InvalidConfig(format!(
@@ -94,16 +95,15 @@ impl Batch {
         self.get("labels")
     }
 
-    /// The fields' names and tensors, in schema order.
+    /// The fields' names and tensors, in schema order, then the views'.
     pub fn fields(&self) -> impl Iterator<Item = (&str, &Tensor)> {
-        self.schema
-            .fields
-            .iter()
-            .map(|f| f.field.name.as_str())
-            .zip(&self.fields)
+        let fields = self.schema.fields.iter().map(|f| f.field.name.as_str());
+        let views = self.schema.views.iter().map(|v| v.view.name.as_str());
+        fields.chain(views).zip(&self.fields)
     }
 
-    /// The fields' tensors, taken out of the batch, in schema order.
+    /// The fields' tensors, taken out of the batch, in schema order, then
+    /// the views'.
     pub fn into_tensors(self) -> Vec<Tensor> {
         self.fields
     }

@@ -276,6 +276,7 @@ pub(super) struct Filling {
     /// The batch buffer and its samples' slots; the buffer is taken by
     /// `finish`.
     pub(super) table: SlotTable,
+    /// The records read ahead (stream mode; empty for random access).
     pub(super) pre: Vec<Mutex<PreRead>>,
     pub(super) outcomes: Vec<Mutex<Option<Outcome>>>,
     /// Samples a runner claims at once ([`split`]).
@@ -323,7 +324,10 @@ impl Filling {
         claim: usize,
     ) -> Self {
         let n = table.len();
-        pre.resize_with(n, || None);
+        // Random access reads nothing ahead: no lock a sample to take it.
+        if !pre.is_empty() {
+            pre.resize_with(n, || None);
+        }
         Self {
             claim,
             shared,
@@ -356,7 +360,7 @@ impl Filling {
         while let Some(mut run) = self.table.claim_run(self.claim) {
             for mut claim in run.each() {
                 let j = claim.index();
-                let pre = crate::lock(&self.pre[j]).take();
+                let pre = self.pre.get(j).and_then(|p| crate::lock(p).take());
                 let shared = &self.shared;
                 // `process` catches the sample's own panics; this catches
                 // the rest, so every claim is released and the batch

@@ -4,6 +4,7 @@
 use super::epoch::{Batch, Pending};
 use super::reorder::Reorder;
 use super::{caught, Acks, HostBatch, Msg, Shared};
+use crate::device::On;
 use crate::error::Result;
 use crate::stats::trace::{Trace, LANE_UPLOAD};
 use crossbeam_channel::{Receiver, Sender};
@@ -124,6 +125,14 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
                     shared
                         .uploader
                         .upload(&shared.device, buf, n, &shared.schema)
+                });
+                let uploaded = uploaded.and_then(|mut up| {
+                    for v in &shared.schema.views {
+                        let field = &up.fields[v.of];
+                        let view = field.narrow(1, v.view.start, v.view.len);
+                        up.fields.push(view.on("making a batch's views")?);
+                    }
+                    Ok(up)
                 });
                 match uploaded {
                     Ok(up) => {
