@@ -15,7 +15,8 @@
 //! function of `(seed, epoch)`, dealt to ranks in equal counts.
 //!
 //! [`TokenSource`] is these windows as a loader's source, and its map
-//! writes the `input` / `target` batch fields.
+//! writes each window as the `tokens` batch field, with `input` / `target`
+//! as its views.
 
 use super::shards::open_shard;
 use super::{check_index, Parts, Record, Source, Value};
@@ -387,8 +388,9 @@ impl TokenWindows {
 /// the `k`-th non-overlapping window of `seq_len + 1` tokens over the
 /// files, in order ([`TokenWindows::fixed_window`]). The loader's sampler
 /// shuffles, batches and shards them like any source's samples; its map
-/// ([`TokenWindowsMap`](crate::map::TokenWindowsMap)) writes `input` and
-/// `target` straight from the memory maps.
+/// ([`TokenWindowsMap`](crate::map::TokenWindowsMap)) writes each window
+/// straight from the memory maps, and the batch gives `input` and `target`
+/// as views of it.
 ///
 /// ```no_run
 /// use candle_wick::map::TokenWindowsMap;
