@@ -111,7 +111,7 @@ pub(crate) fn decode_for_crop(
 /// `out[..width * height * 3]`. `out` grows to fit and can be reused across
 /// calls so decoding allocates nothing. Grayscale,
 /// palette, CMYK and alpha images become RGB (alpha is dropped, as PIL's
-/// `convert("RGB")` does). An image of more than [`DEFAULT_MAX_PIXELS`]
+/// `convert("RGB")` does). An image of more than 89,478,485 pixels (Pillow's default limit)
 /// is refused from its header ([`Error::ImageTooLarge`]). Errors name
 /// `key`.
 pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Size> {
