@@ -160,9 +160,11 @@ mod imp {
 
     extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO
-        // handler; si_addr is the faulting address for SIGBUS.
-        let addr = unsafe { (*info).si_addr() } as usize;
-        if let Some(slot) = slot_of(addr) {
+        // handler; for a fault (si_code > 0: BUS_ADRERR and the like)
+        // si_addr is the faulting address. A SIGBUS sent by a process
+        // (si_code <= 0) carries no address and is never taken for ours.
+        let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+        if let Some(slot) = (code > 0).then(|| slot_of(addr)).flatten() {
             let page = PAGE.load(Ordering::Relaxed);
             let at = addr & !(page - 1);
             // SAFETY: `at` is a page of a registered mapping, which is alive
