@@ -385,22 +385,25 @@ fn shard_stream(
         }
         Err(e) => {
             // Every record of the shard fails with the one cause.
-            let cause = Arc::new(e);
-            let path = info.path.clone();
-            Box::new(range.map(move |i| {
-                let source: crate::error::BoxError = Box::new(cause.clone());
-                let reason = "cannot open shard for streaming".into();
-                (
-                    i,
-                    Err(Error::Shard {
-                        path: path.clone(),
-                        offset: 0,
-                        reason,
-                        source: Some(source),
-                    }),
-                )
-            }))
+            let lost = shard_lost(&info.path, "cannot open shard for streaming", e);
+            Box::new(range.map(move |i| (i, Err(lost()))))
         }
+    }
+}
+
+/// The error of every record of a shard lost to one `cause` (it cannot be
+/// opened, or its stream cannot be reopened): `reason`, naming the shard.
+fn shard_lost(
+    path: &std::path::Path,
+    reason: &'static str,
+    cause: Error,
+) -> impl Fn() -> Error + Send + 'static {
+    let (path, cause) = (path.to_path_buf(), Arc::new(cause));
+    move || Error::Shard {
+        path: path.clone(),
+        offset: 0,
+        reason: reason.into(),
+        source: Some(Box::new(cause.clone())),
     }
 }
 
@@ -470,14 +473,8 @@ impl Iterator for Reopening {
                         // The shard's stream is lost: this record and every
                         // later one fail with the cause, at once.
                         self.done += 1;
-                        let cause = Arc::new(tried(e, attempts));
-                        let path = self.path.clone();
-                        let lost = move || Error::Shard {
-                            path: path.clone(),
-                            offset: 0,
-                            reason: "cannot reopen the shard's stream after a read error".into(),
-                            source: Some(Box::new(cause.clone())),
-                        };
+                        let reason = "cannot reopen the shard's stream after a read error";
+                        let lost = shard_lost(&self.path, reason, tried(e, attempts));
                         let first = lost();
                         self.stream = Box::new(std::iter::repeat_with(move || Err(lost())));
                         return Some(Err(first));
