@@ -57,6 +57,14 @@ pub fn thread_names() -> Vec<String> {
         .collect()
 }
 
+/// The loader threads (named `wick-...`) of this process.
+pub fn wick_threads() -> Vec<String> {
+    thread_names()
+        .into_iter()
+        .filter(|n| n.starts_with("wick-"))
+        .collect()
+}
+
 /// The loader threads (named `wick-...`) of this process once at most
 /// `expected` are left, or after a second. A joined thread can still be
 /// listed for a moment: `pthread_join` returns when the kernel clears the
@@ -64,15 +72,9 @@ pub fn thread_names() -> Vec<String> {
 /// leaves `/proc/self/task`, and on a loaded machine the gap grows. A
 /// thread left behind (never joined) stays listed, so it is still caught.
 pub fn wick_threads_settled(expected: usize) -> Vec<String> {
-    let names = || -> Vec<String> {
-        thread_names()
-            .into_iter()
-            .filter(|n| n.starts_with("wick-"))
-            .collect()
-    };
     let t = std::time::Instant::now();
     loop {
-        let now = names();
+        let now = wick_threads();
         if now.len() <= expected || t.elapsed() > std::time::Duration::from_secs(1) {
             return now;
         }

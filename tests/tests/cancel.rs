@@ -4,14 +4,7 @@
 
 use candle_wick::Loader;
 use std::time::{Duration, Instant};
-use tests::{encode, pattern, thread_names, Slow};
-
-fn wick_threads() -> Vec<String> {
-    thread_names()
-        .into_iter()
-        .filter(|n| n.starts_with("wick-"))
-        .collect()
-}
+use tests::{encode, pattern, wick_threads, Slow};
 
 #[test]
 fn dropping_an_epoch_mid_way_is_prompt_and_loader_drop_joins_every_thread() {

@@ -12,14 +12,7 @@ use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use candle_wick::{error_chain, BadSamples, Loader, Output, Source};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tests::{encode, pattern, thread_names, Slow};
-
-fn wick_threads() -> usize {
-    thread_names()
-        .iter()
-        .filter(|n| n.starts_with("wick-"))
-        .count()
-}
+use tests::{encode, pattern, wick_threads, Slow};
 
 /// 12 images in two classes.
 fn folder(dir: &Path) {
@@ -209,7 +202,7 @@ fn dropping_at_every_point_joins_every_thread_within_100_ms() {
             .build()
             .unwrap()
     };
-    let baseline = wick_threads();
+    let baseline = wick_threads().len();
     // Each point: how far the consumer gets before it drops everything.
     type Point = fn(&mut candle_wick::Epoch<'_>) -> Vec<candle_wick::Batch>;
     let points: [(&str, Point); 4] = [
