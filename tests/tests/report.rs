@@ -2,6 +2,8 @@
 //! faster than the loader and not input-bound when it is slower; the trace
 //! holds every stage and the training loop on one timeline.
 
+use candle_wick::fields::{Field, FieldType};
+use candle_wick::map::map_fn;
 use candle_wick::source::ImageFolder;
 use candle_wick::stats::{Stage, Verdict};
 use candle_wick::{Loader, Output, Transforms};
@@ -70,11 +72,29 @@ fn verdict_follows_who_waits() {
     assert!(s.report().contains("not input-bound"));
 }
 
+/// A batch that costs more than the loader's threads' hand-overs goes
+/// through the feeder and the upload thread (a cheap one is filled and
+/// handed over by a decode thread alone): a map of 300 µs a sample.
 #[test]
 fn chrome_trace_has_every_lane() {
     let dir = tempfile::tempdir().unwrap();
     tests::image_folder(&dir.path().join("data"), 2, 4);
-    let mut l = loader(&dir.path().join("data"), true);
+    let map = map_fn(vec![Field::new("v", FieldType::U32, &[])], |s| {
+        std::thread::sleep(Duration::from_micros(300));
+        let label = s.record().label;
+        s.take::<u32>(0)?[0] = label;
+        Ok(())
+    });
+    let mut l = Loader::builder(ImageFolder::new(dir.path().join("data")).unwrap())
+        .map(map)
+        .batch_size(4)
+        .workers(1)
+        .prefetch(1)
+        .batches_in_flight(2)
+        .shard(0, 1)
+        .trace(true)
+        .build()
+        .unwrap();
     let trace = l.trace().unwrap();
     for b in l.epoch(0) {
         b.unwrap();

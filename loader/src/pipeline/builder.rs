@@ -555,6 +555,9 @@ impl LoaderBuilder {
                 .as_deref()
                 .map(super::fill::Quarantine::open)
                 .transpose()?,
+            direct: Default::default(),
+            #[cfg(test)]
+            force_direct: Default::default(),
         });
         let channel = if auto.prefetch { MAX_QUEUE } else { prefetch };
         let most_in_flight = if auto.in_flight { MAX_QUEUE } else { in_flight };

@@ -210,6 +210,7 @@ impl Iterator for Epoch<'_> {
                 self.remaining -= 1;
                 // A place in the prefetch queue, at the depth now chosen.
                 shared.room.notify();
+                shared.make_room(self.gen);
                 // The consumer's stream waits for the loader's writes, on
                 // the consumer's thread ([`Guard::Ready`]).
                 let guards = shared.uploader.guards();

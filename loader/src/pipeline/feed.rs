@@ -3,8 +3,8 @@
 //! decode pool; in the streaming mode it also reads the batch's records.
 
 use super::epoch::Pending;
-use super::fill::{split, Filling, SlotTable};
-use super::{caught, Filled, Msg, Shared};
+use super::fill::{split, Filling, Handoff, SlotTable};
+use super::{caught, Acks, Filled, Msg, Shared};
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
 use crate::order::stream::Streamed;
@@ -45,8 +45,9 @@ pub(super) fn feed(
     decode_pool: &rayon::ThreadPool,
     cmds: &Receiver<EpochCmd>,
     done: &Sender<Msg>,
+    acks: &Acks,
 ) {
-    for cmd in cmds {
+    'epochs: for cmd in cmds {
         let EpochCmd {
             epoch,
             gen,
@@ -67,6 +68,11 @@ pub(super) fn feed(
         }
         let plan = Arc::new(plan);
         let mut dispatched = 0;
+        // The direct hand-over ([`super::direct`]) needs batches read at
+        // random (not a stream read here in order) and a device whose
+        // tensor takes the host buffer (the CPU).
+        let direct_ok = stream.is_none() && shared.device.is_cpu();
+        let threads = decode_pool.current_num_threads();
         // Reports batch `index` as failed; the epoch stops after it.
         let fail = |index, e| {
             // Counted before the uploader can count it done (the in-flight
@@ -102,6 +108,24 @@ pub(super) fn feed(
         for index in start..plan.batches.len() {
             if cancel.load(Ordering::Relaxed) {
                 break;
+            }
+            let n = plan.batches[index].len();
+            // Once a batch costs less than one claim of work (known after
+            // the first samples), the rest of the epoch is direct.
+            if direct_ok && super::direct::wanted(shared, n) {
+                let ids = (epoch, gen);
+                super::direct::run(
+                    shared,
+                    decode_pool,
+                    &plan,
+                    index,
+                    dispatched,
+                    ids,
+                    &cancel,
+                    done,
+                    acks,
+                );
+                continue 'epochs;
             }
             let t = Instant::now();
             let pre = match (&mut stream, std::mem::replace(&mut skipped, Ok(()))) {
@@ -147,7 +171,6 @@ pub(super) fn feed(
                 dispatched += 1;
                 break;
             }
-            let n = plan.batches[index].len();
             let table = match SlotTable::new(buf, n, &shared.schema) {
                 Ok(table) => table,
                 Err(failed) => {
@@ -158,7 +181,6 @@ pub(super) fn feed(
                     break;
                 }
             };
-            let threads = decode_pool.current_num_threads();
             let (runners, claim) = split(shared.counters.mean_sample_work(), n, threads);
             let job = Arc::new(Filling::new(
                 shared.clone(),
@@ -166,7 +188,7 @@ pub(super) fn feed(
                 index,
                 (epoch, gen),
                 cancel.clone(),
-                done.clone(),
+                Handoff::Uploader(done.clone()),
                 table,
                 pre,
                 claim,

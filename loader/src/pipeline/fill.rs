@@ -257,6 +257,13 @@ impl Claimed<'_> {
     }
 }
 
+/// Where a finished batch goes: the uploader, or the inbox of a direct
+/// epoch ([`super::direct`]).
+pub(super) enum Handoff {
+    Uploader(Sender<Msg>),
+    Direct(Arc<super::direct::Inbox>),
+}
+
 /// One batch being filled. Its samples are claimed in order, in runs of
 /// [`split`]'s size (one at a time for an image map), by up to one runner
 /// job per decode thread (one job for a batch cheaper than a claim), and
@@ -272,7 +279,8 @@ pub(super) struct Filling {
     pub(super) epoch: u64,
     pub(super) gen: u64,
     pub(super) cancel: Arc<AtomicBool>,
-    pub(super) done: Sender<Msg>,
+    /// Where the finished batch goes.
+    pub(super) to: Handoff,
     /// The batch buffer and its samples' slots; the buffer is taken by
     /// `finish`.
     pub(super) table: SlotTable,
@@ -308,6 +316,14 @@ pub(super) fn split(mean: Option<std::time::Duration>, n: usize, threads: usize)
     (runners, by_time.min(n.div_ceil(runners)))
 }
 
+/// Whether a batch of `n` samples, at `mean` a sample (the map's mean
+/// time so far; `None` before any is measured), is cheaper than one claim
+/// of work: the batch is then one job, and the direct hand-over
+/// ([`super::direct`]) costs less than the feeder's and uploader's.
+pub(super) fn cheap(mean: Option<std::time::Duration>, n: usize) -> bool {
+    mean.is_some_and(|m| m.as_nanos().saturating_mul(n as u128) <= CLAIM_WORK.as_nanos())
+}
+
 impl Filling {
     /// Batch `index` of `plan` into the slots of `table`, with the records
     /// `pre` read ahead (stream mode; `None` for random access).
@@ -318,7 +334,7 @@ impl Filling {
         index: usize,
         (epoch, gen): (u64, u64),
         cancel: Arc<AtomicBool>,
-        done: Sender<Msg>,
+        to: Handoff,
         table: SlotTable,
         mut pre: Vec<PreRead>,
         claim: usize,
@@ -336,7 +352,7 @@ impl Filling {
             epoch,
             gen,
             cancel,
-            done,
+            to,
             table,
             pre: pre.into_iter().map(Mutex::new).collect(),
             outcomes: (0..n).map(|_| Mutex::new(None)).collect(),
@@ -411,7 +427,12 @@ impl Filling {
                 })),
             }
         });
-        let _ = self.done.send(Msg::Done(self.gen, filled));
+        match &self.to {
+            Handoff::Uploader(done) => {
+                let _ = done.send(Msg::Done(self.gen, filled));
+            }
+            Handoff::Direct(inbox) => inbox.arrive(&self.shared, filled),
+        }
     }
 
     /// Compacts the kept samples to the front of the buffer and builds the
@@ -512,6 +533,21 @@ mod tests {
         assert_eq!(split(Some(Duration::ZERO), 64, 3), (3, 1));
         assert_eq!(split(None, 2, 8), (2, 1));
         assert_eq!(split(Some(us(1)), 0, 2), (1, 1));
+    }
+
+    /// A batch is cheap when its samples, at the mean measured so far,
+    /// cost at most one claim of work; never before anything is measured,
+    /// whatever the thread count.
+    #[test]
+    fn a_batch_is_cheap_below_one_claim_of_work() {
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        assert!(cheap(Some(us(1)), 32));
+        assert!(cheap(Some(us(1)), 50));
+        assert!(!cheap(Some(us(1)), 51));
+        assert!(!cheap(Some(us(1000)), 1));
+        assert!(!cheap(None, 1));
+        assert!(cheap(Some(Duration::ZERO), 1 << 20));
     }
 
     /// Three threads fill a table of two fields: each sample goes to one

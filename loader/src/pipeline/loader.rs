@@ -129,9 +129,15 @@ impl Loader {
             prefetch,
             position,
         };
-        let feeder_shared = shared.clone();
+        let (feeder_shared, feeder_acks) = (shared.clone(), acks.clone());
         loader.spawn("wick-feed", move || {
-            feed(&feeder_shared, &decode_pool, &cmd_rx, &done_tx);
+            feed(
+                &feeder_shared,
+                &decode_pool,
+                &cmd_rx,
+                &done_tx,
+                &feeder_acks,
+            );
         })?;
         loader.spawn("wick-upload", move || {
             let _exit = AckOnExit(&acks);

@@ -10,6 +10,7 @@
 //! | [`worker`] | one sample: read (or cache hit), decode, transform into its slot, cache fill |
 //! | [`reorder`] | batches finish out of order and leave in index order (a pure type) |
 //! | [`upload`] | the uploader thread: reorder, device upload, prefetch depth |
+//! | [`direct`] | a cheap map on the CPU: decode threads fill whole batches and hand them over in order themselves |
 //! | [`epoch`] | what the training loop holds: [`Epoch`], [`Batch`](crate::Batch) |
 //!
 //! # Threads and messages
@@ -33,6 +34,12 @@
 //!                   ◄── the uploader acks gen once every dispatched batch came back
 //! ```
 //!
+//! - Once a batch is cheaper than the hand-overs above (a token window
+//!   is a few-KiB copy) on the CPU, in an epoch read at random, the feeder
+//!   sends `Handover{gen, dispatched, inbox}` instead of `End`, and one
+//!   pump per decode thread fills whole batches and puts them in order
+//!   into the epoch's channel itself; the uploader gives the channel over
+//!   once the batches before the switch are through. See [`direct`].
 //! - Every message carries its epoch's generation (one per `epoch_from`),
 //!   so a late message of a forgotten (`mem::forget`) epoch is given back,
 //!   never delivered as the running epoch's.
@@ -44,6 +51,7 @@
 //!   every one of those waits; none of them polls.
 
 mod builder;
+mod direct;
 mod epoch;
 mod feed;
 mod fill;
@@ -62,6 +70,7 @@ use crate::device::HostBuf;
 use crate::device::Uploader;
 use crate::error::{Error, Result};
 use crate::fields::Schema;
+use crate::lock;
 use crate::map::Map;
 use crate::pool::Pool;
 use crate::source::{Parts, Source};
@@ -108,6 +117,11 @@ struct Shared {
     retries: u32,
     /// Where bad samples are listed (`bad_samples_log`).
     quarantine: Option<fill::Quarantine>,
+    /// The inbox of the running direct epoch, if any ([`direct`]).
+    direct: Mutex<Option<Arc<direct::Inbox>>>,
+    /// Tests choose the path: direct always, never, or by cost (`None`).
+    #[cfg(test)]
+    force_direct: Mutex<Option<bool>>,
 }
 
 impl Shared {
@@ -132,6 +146,18 @@ impl Shared {
     fn wake(&self) {
         self.pool.wake();
         self.room.notify();
+        if let Some(inbox) = &*lock(&self.direct) {
+            inbox.wake();
+        }
+    }
+
+    /// After the consumer took a batch of epoch `gen`: a direct epoch's
+    /// batches that were waiting for room move into its channel.
+    fn make_room(&self, gen: u64) {
+        let inbox = lock(&self.direct).clone();
+        if let Some(inbox) = inbox.filter(|i| i.gen() == gen) {
+            inbox.make_room(self);
+        }
     }
 }
 
@@ -200,6 +226,13 @@ enum Msg {
     End {
         gen: u64,
         dispatched: usize,
+    },
+    /// The rest of the epoch is direct: once `dispatched` batches are
+    /// through, its channel goes to `inbox` ([`direct`]).
+    Handover {
+        gen: u64,
+        dispatched: usize,
+        inbox: Arc<direct::Inbox>,
     },
 }
 

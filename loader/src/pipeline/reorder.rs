@@ -33,6 +33,22 @@ impl<T> Reorder<T> {
         Some((index, item))
     }
 
+    /// The next index to come out.
+    pub(super) fn next(&self) -> usize {
+        self.next
+    }
+
+    /// The item at the next index, left in place; `None` until it has been
+    /// pushed.
+    pub(super) fn peek(&self) -> Option<&T> {
+        self.pending.get(&self.next)
+    }
+
+    /// Whether nothing is held.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Everything still held, in index order (what an epoch dropped or
     /// replaced leaves behind).
     pub(super) fn into_rest(self) -> impl Iterator<Item = T> {

@@ -1,9 +1,11 @@
 //! The uploader thread: puts finished batches back in order, turns each
 //! into device tensors and hands it to the epoch within the prefetch depth.
 
+use super::direct::Inbox;
 use super::epoch::{Batch, Pending};
 use super::reorder::Reorder;
 use super::{caught, Acks, HostBatch, Msg, Shared};
+use crate::device::HostBuf;
 use crate::device::On;
 use crate::error::Result;
 use crate::stats::trace::{Trace, LANE_UPLOAD};
@@ -25,6 +27,9 @@ pub(super) struct Running {
     /// How many batches the feeder dispatched, once its `End` came: the
     /// epoch is over when `received` reaches it.
     pub(super) dispatched: Option<usize>,
+    /// Where the epoch's channel goes once the `dispatched` batches are
+    /// through: the rest of the epoch is a direct one ([`super::direct`]).
+    pub(super) handover: Option<Arc<Inbox>>,
 }
 
 /// Gives back what a batch that will never be delivered holds: its buffer
@@ -60,6 +65,7 @@ pub(super) fn upload_loop(shared: &Shared, done: &Receiver<Msg>, acks: &Acks) {
                     order: Reorder::new(first),
                     received: 0,
                     dispatched: None,
+                    handover: None,
                 });
             }
             Msg::Done(gen, filled) => match running.as_mut() {
@@ -75,25 +81,100 @@ pub(super) fn upload_loop(shared: &Shared, done: &Receiver<Msg>, acks: &Acks) {
                     r.dispatched = Some(dispatched);
                 }
             }
+            Msg::Handover {
+                gen,
+                dispatched,
+                inbox,
+            } => match running.as_mut().filter(|r| r.gen == gen) {
+                Some(r) => {
+                    r.dispatched = Some(dispatched);
+                    r.handover = Some(inbox);
+                }
+                // Not this thread's epoch (it cannot happen: the feeder
+                // sends the epoch's `Begin` first): the inbox must not wait.
+                None => inbox.hand_over(shared, None),
+            },
         }
-        if let Some(gen) = running
-            .as_ref()
-            .filter(|r| r.dispatched == Some(r.received))
-            .map(|r| r.gen)
-        {
-            // Dropping the epoch's sender ends its channel after the last batch.
-            running = None;
-            acks.ack(gen);
+        if let Some(mut r) = running.take_if(|r| r.dispatched == Some(r.received)) {
+            match r.handover.take() {
+                // Every batch before the switch went through (`flush`
+                // delivers each once its turn comes): the channel goes on
+                // to the direct epoch, which acknowledges it.
+                Some(inbox) => inbox.hand_over(shared, r.out.take()),
+                // Dropping the epoch's sender ends its channel after the
+                // last batch.
+                None => acks.ack(r.gen),
+            }
         }
     }
 }
 
-/// Records a span on the upload lane when dropped.
-pub(super) struct TraceSpan<'a>(&'a Trace, &'static str, Instant);
+/// Records a span on a lane when dropped.
+pub(super) struct TraceSpan<'a>(&'a Trace, &'static str, u64, Instant);
 
 impl Drop for TraceSpan<'_> {
     fn drop(&mut self) {
-        self.0.record(self.1, LANE_UPLOAD, self.2, Instant::now());
+        self.0.record(self.1, self.2, self.3, Instant::now());
+    }
+}
+
+/// Makes batch `index`'s tensors on the device and counts it uploaded
+/// (or dropped, with the error). The buffer's permit is the caller's to
+/// give back, with the buffer when it can be reused (`Some`: not on the
+/// CPU, where the tensor took it).
+pub(super) fn upload_host(
+    shared: &Shared,
+    index: usize,
+    host: HostBatch,
+    lane: u64,
+) -> (Result<Pending>, Option<HostBuf>) {
+    let t = Instant::now();
+    let _span = shared
+        .trace
+        .as_ref()
+        .map(|tr| TraceSpan(tr, "upload", lane, t));
+    // A panic in the device step (candle's ops) is this batch's error,
+    // not the end of the upload thread and the loader.
+    let (buf, n) = (host.buf, host.keys.len());
+    let uploaded = caught(format!("batch {index} (upload)"), || {
+        shared
+            .uploader
+            .upload(&shared.device, buf, n, &shared.schema)
+    });
+    let uploaded = uploaded.and_then(|mut up| {
+        for v in &shared.schema.views {
+            let field = &up.fields[v.of];
+            let view = field.narrow(1, v.view.start, v.view.len);
+            up.fields.push(view.on("making a batch's views")?);
+        }
+        Ok(up)
+    });
+    match uploaded {
+        Ok(up) => {
+            shared.counters.batch_uploaded(t.elapsed());
+            for (time, bytes) in shared.uploader.finished_copies() {
+                shared.counters.batch_copied(time, bytes);
+            }
+            let pending = Pending {
+                batch: Some(Batch {
+                    fields: up.fields,
+                    schema: shared.schema.clone(),
+                    keys: host.keys,
+                    indices: host.indices,
+                    index,
+                    skipped: host.skipped,
+                    ready: up.ready,
+                    after: Default::default(),
+                    identity: shared.identity.clone(),
+                }),
+                guards: shared.uploader.guards(),
+            };
+            (Ok(pending), up.reusable)
+        }
+        Err(e) => {
+            shared.counters.batch_dropped();
+            (Err(e), None)
+        }
     }
 }
 
@@ -116,52 +197,9 @@ pub(super) fn flush(shared: &Shared, r: &mut Running) {
                 continue;
             }
             Some(Ok(host)) => {
-                let t = Instant::now();
-                let _span = shared.trace.as_ref().map(|tr| TraceSpan(tr, "upload", t));
-                // A panic in the device step (candle's ops) is this batch's
-                // error, not the end of the upload thread and the loader.
-                let (buf, n) = (host.buf, host.keys.len());
-                let uploaded = caught(format!("batch {index} (upload)"), || {
-                    shared
-                        .uploader
-                        .upload(&shared.device, buf, n, &shared.schema)
-                });
-                let uploaded = uploaded.and_then(|mut up| {
-                    for v in &shared.schema.views {
-                        let field = &up.fields[v.of];
-                        let view = field.narrow(1, v.view.start, v.view.len);
-                        up.fields.push(view.on("making a batch's views")?);
-                    }
-                    Ok(up)
-                });
-                match uploaded {
-                    Ok(up) => {
-                        shared.pool.release(up.reusable);
-                        shared.counters.batch_uploaded(t.elapsed());
-                        for (time, bytes) in shared.uploader.finished_copies() {
-                            shared.counters.batch_copied(time, bytes);
-                        }
-                        Ok(Pending {
-                            batch: Some(Batch {
-                                fields: up.fields,
-                                schema: shared.schema.clone(),
-                                keys: host.keys,
-                                indices: host.indices,
-                                index,
-                                skipped: host.skipped,
-                                ready: up.ready,
-                                after: Default::default(),
-                                identity: shared.identity.clone(),
-                            }),
-                            guards: shared.uploader.guards(),
-                        })
-                    }
-                    Err(e) => {
-                        shared.pool.release(None);
-                        shared.counters.batch_dropped();
-                        Err(e)
-                    }
-                }
+                let (item, reusable) = upload_host(shared, index, host, LANE_UPLOAD);
+                shared.pool.release(reusable);
+                item
             }
         };
         if let Some(out) = &r.out {

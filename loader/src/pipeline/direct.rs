@@ -1,0 +1,633 @@
+//! The direct hand-over for a cheap map on the CPU: decode threads take
+//! whole batches themselves ("pumps") and hand each, in order, straight to
+//! the epoch's channel, with no feeder or upload thread in between.
+//!
+//! A token window is a few-KiB copy: a batch of them costs tens of
+//! microseconds, about what it costs to wake the feeder, queue a job,
+//! wake the uploader and wake the consumer. So once a batch's samples
+//! cost less than one claim of work ([`split`](super::fill::split) gives
+//! one runner), the feeder hands the rest of a random-access epoch on the
+//! CPU to one pump per decode thread and waits:
+//!
+//! - A pump takes a pool buffer, **then** the next batch index (so the
+//!   lowest batch not yet finished always has its buffer and a thread:
+//!   the reorder can never wait on a batch that waits for a buffer), fills
+//!   the batch (the same [`Filling`] as every batch: gate pass, bad-sample
+//!   policy, cancel), makes its tensors (on the CPU the buffer becomes the
+//!   tensor: no copy) and puts it in the [`Inbox`].
+//! - The inbox puts batches back in order and moves each, when it is
+//!   next, into the epoch's channel while the channel is within the
+//!   prefetch depth. A batch keeps its pool permit until it enters the
+//!   channel, so the loader's memory is bounded as on the other path
+//!   (batches in flight, then the prefetch queue). Whoever changes what
+//!   can move does the moving: a pump that put a batch in, and the
+//!   consumer after it took one ([`Epoch::next`](super::Epoch)), so no
+//!   thread is woken to do it.
+//! - The uploader hands the epoch's channel over once every batch
+//!   dispatched before the switch went through it (`Msg::Handover`), so
+//!   an epoch can switch midway (the map's cost is known after its first
+//!   samples), and the order holds across the switch.
+//! - The feeder waits until the pumps are done and every batch is in the
+//!   channel (or the epoch is cancelled), then closes the channel and
+//!   acknowledges the epoch, as the uploader does on the other path.
+
+use super::epoch::Pending;
+use super::fill::{cheap, Filling, Handoff, SlotTable};
+use super::reorder::Reorder;
+use super::upload::upload_host;
+use super::{Acks, Filled, Msg, Shared};
+use crate::error::Result;
+use crate::order::sampler::Plan;
+use crate::stats::trace::LANE_DECODE;
+use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// A finished batch waiting for its turn: `None` for one cancelled or
+/// discarded (nothing to deliver); `permit` when it still holds its pool
+/// permit (given back as it enters the channel).
+struct Entry {
+    item: Option<Result<Pending>>,
+    permit: bool,
+}
+
+struct State {
+    /// The epoch's channel, once the uploader handed it over (`None` also
+    /// when the consumer went away).
+    out: Option<Sender<Result<Pending>>>,
+    /// Whether the uploader has handed the channel over.
+    handed: bool,
+    order: Reorder<Entry>,
+    /// The next batch index a pump takes.
+    next: usize,
+    /// One past the last batch to deliver: the plan's end, or the batch
+    /// after one whose failure ends the epoch (as on the feeder's path).
+    end: usize,
+    /// Pumps still running.
+    pumps: usize,
+    /// Whether the feeder waits on `cv`.
+    waiting: bool,
+}
+
+/// Where the pumps of one direct epoch put their batches.
+pub(super) struct Inbox {
+    gen: u64,
+    cancel: Arc<AtomicBool>,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("gen", &self.gen).finish()
+    }
+}
+
+impl Inbox {
+    /// The pumps' batch indices run from `first` to `end`.
+    fn new(gen: u64, cancel: Arc<AtomicBool>, first: usize, end: usize, pumps: usize) -> Self {
+        Self {
+            gen,
+            cancel,
+            state: Mutex::new(State {
+                out: None,
+                handed: false,
+                order: Reorder::new(first),
+                next: first,
+                end,
+                pumps,
+                waiting: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// The epoch's generation.
+    pub(super) fn gen(&self) -> u64 {
+        self.gen
+    }
+
+    /// The uploader gives the epoch's channel over (`None` when the
+    /// consumer went away or the epoch is not the uploader's).
+    pub(super) fn hand_over(&self, shared: &Shared, out: Option<Sender<Result<Pending>>>) {
+        let mut st = crate::lock(&self.state);
+        st.out = out;
+        st.handed = true;
+        self.drain(shared, &mut st);
+        if st.pumps == 0 {
+            self.notify(&st);
+        }
+    }
+
+    /// Wakes the feeder if it waits (after a cancel). Otherwise it is
+    /// woken only when what it waits for may have come (no pump left),
+    /// not for every batch.
+    pub(super) fn wake(&self) {
+        let st = crate::lock(&self.state);
+        self.notify(&st);
+    }
+
+    fn notify(&self, st: &State) {
+        if st.waiting {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Moves the batches that are next into the channel, within the
+    /// prefetch depth: the consumer calls it after taking a batch.
+    pub(super) fn make_room(&self, shared: &Shared) {
+        let mut st = crate::lock(&self.state);
+        if self.drain(shared, &mut st) && st.pumps == 0 {
+            self.notify(&st);
+        }
+    }
+
+    /// Moves what can move into the channel; `true` when the inbox is
+    /// left empty.
+    fn drain(&self, shared: &Shared, st: &mut State) -> bool {
+        let cancelled = self.cancel.load(Ordering::Relaxed);
+        loop {
+            if st.order.next() >= st.end {
+                break;
+            }
+            let room = match (&st.out, st.order.peek()) {
+                (_, None) => break,
+                // Nothing to deliver, or nobody to deliver it to: passed
+                // over now.
+                (None, Some(_)) if !st.handed => break,
+                (None, Some(_)) => true,
+                (Some(_), Some(e)) if e.item.is_none() || cancelled => true,
+                (Some(out), Some(_)) => {
+                    let depth = shared.knobs.prefetch.load(Ordering::Relaxed);
+                    out.len() < depth.min(out.capacity().unwrap_or(usize::MAX))
+                }
+            };
+            if !room {
+                break;
+            }
+            let Some((_, entry)) = st.order.pop() else {
+                break;
+            };
+            // Counted as dropped or uploaded when it arrived. A batch
+            // that cannot be sent (the consumer went away) is dropped with
+            // the channel's other contents.
+            let sent = match (entry.item, &st.out) {
+                (Some(item), Some(out)) if !cancelled => out.try_send(item).is_ok(),
+                _ => true,
+            };
+            if !sent {
+                st.out = None;
+            }
+            if entry.permit {
+                shared.pool.release(None);
+            }
+        }
+        st.order.is_empty()
+    }
+
+    /// A pump's finished batch.
+    pub(super) fn arrive(&self, shared: &Shared, filled: Filled) {
+        let Filled { index, result } = filled;
+        let live = !self.cancel.load(Ordering::Relaxed);
+        let entry = match result {
+            // Cancelled: the buffer went back already.
+            None => {
+                shared.counters.batch_dropped();
+                Entry {
+                    item: None,
+                    permit: false,
+                }
+            }
+            // A failed batch gave its buffer back.
+            Some(Err(e)) => {
+                shared.counters.batch_dropped();
+                Entry {
+                    item: Some(Err(e)),
+                    permit: false,
+                }
+            }
+            Some(Ok(host)) if !live => {
+                shared.pool.release(Some(host.buf));
+                shared.counters.batch_dropped();
+                Entry {
+                    item: None,
+                    permit: false,
+                }
+            }
+            Some(Ok(host)) => {
+                // Outside the lock. The CPU tensor took the buffer: only
+                // the permit is left, kept until the batch enters the
+                // channel.
+                let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
+                let (item, reusable) = upload_host(shared, index, host, lane);
+                let permit = match (item.is_ok(), reusable) {
+                    (true, None) => true,
+                    (_, reusable) => {
+                        shared.pool.release(reusable);
+                        false
+                    }
+                };
+                Entry {
+                    item: Some(item),
+                    permit,
+                }
+            }
+        };
+        self.push(shared, index, entry);
+    }
+
+    fn push(&self, shared: &Shared, index: usize, entry: Entry) {
+        let mut st = crate::lock(&self.state);
+        st.order.push(index, entry);
+        if self.drain(shared, &mut st) && st.pumps == 0 {
+            self.notify(&st);
+        }
+    }
+
+    /// The next batch for a pump, `None` once there is none (the plan's
+    /// end, or one whose failure ended the epoch).
+    fn claim(&self) -> Option<usize> {
+        let mut st = crate::lock(&self.state);
+        (st.next < st.end).then(|| {
+            st.next += 1;
+            st.next - 1
+        })
+    }
+
+    /// Batch `index` failed in a way that ends the epoch (as the feeder's
+    /// `fail`): it is delivered as the epoch's last batch.
+    fn fail(&self, shared: &Shared, index: usize, e: crate::error::Error) {
+        {
+            let mut st = crate::lock(&self.state);
+            st.end = st.end.min(index + 1);
+        }
+        shared.counters.batch_started();
+        self.arrive_failed(shared, index, e);
+    }
+
+    /// Batch `index` is the error `e` (its permit given back already).
+    fn arrive_failed(&self, shared: &Shared, index: usize, e: crate::error::Error) {
+        self.arrive(
+            shared,
+            Filled {
+                index,
+                result: Some(Err(e)),
+            },
+        );
+    }
+
+    fn pump_done(&self) {
+        let mut st = crate::lock(&self.state);
+        st.pumps -= 1;
+        if st.pumps == 0 {
+            self.notify(&st);
+        }
+    }
+
+    /// Waits until the pumps are done and every batch is in the channel
+    /// (or the epoch was cancelled, or its consumer went away), then
+    /// closes the channel: what is left is given back.
+    fn finish(&self, shared: &Shared) {
+        let mut st = crate::lock(&self.state);
+        loop {
+            let delivered = st.order.is_empty() || st.order.next() >= st.end;
+            let over = self.cancel.load(Ordering::Relaxed) || st.out.is_none() || delivered;
+            if st.pumps == 0 && st.handed && over {
+                break;
+            }
+            st.waiting = true;
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting = false;
+        }
+        st.out = None;
+        let order = std::mem::replace(&mut st.order, Reorder::new(0));
+        for entry in order.into_rest() {
+            if entry.permit {
+                shared.pool.release(None);
+            }
+        }
+    }
+}
+
+/// Whether the rest of an epoch whose next batch has `n` samples goes
+/// direct (where the device and the order allow it): once the map's mean
+/// cost says the batch is [`cheap`].
+pub(super) fn wanted(shared: &Shared, n: usize) -> bool {
+    #[cfg(test)]
+    if let Some(forced) = *crate::lock(&shared.force_direct) {
+        return forced;
+    }
+    cheap(shared.counters.mean_sample_work(), n)
+}
+
+/// One pump: whole batches, until none is left or the epoch is
+/// cancelled.
+fn pump(shared: &Arc<Shared>, plan: &Arc<Plan>, inbox: &Arc<Inbox>, (epoch, gen): (u64, u64)) {
+    let cancel = &inbox.cancel;
+    while !cancel.load(Ordering::Relaxed) {
+        // The buffer first, then the index: see the module's docs.
+        let t = std::time::Instant::now();
+        let buf = match shared.pool.acquire(cancel) {
+            None => break,
+            Some(Ok(buf)) => buf,
+            Some(Err(e)) => {
+                // (Its permit was given back.)
+                if let Some(index) = inbox.claim() {
+                    inbox.fail(shared, index, e);
+                }
+                break;
+            }
+        };
+        let Some(index) = inbox.claim() else {
+            shared.pool.release(Some(buf));
+            break;
+        };
+        if let Some(trace) = &shared.trace {
+            let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
+            trace.record(
+                "wait for a batch buffer",
+                lane,
+                t,
+                std::time::Instant::now(),
+            );
+        }
+        let mut buf = buf;
+        if let Err(e) = buf.wait_writable() {
+            shared.pool.release(None);
+            inbox.fail(shared, index, e);
+            break;
+        }
+        let n = plan.batches[index].len();
+        let table = match SlotTable::new(buf, n, &shared.schema) {
+            Ok(table) => table,
+            Err(failed) => {
+                let (buf, e) = *failed;
+                shared.pool.release(Some(buf));
+                inbox.fail(shared, index, e);
+                break;
+            }
+        };
+        shared.counters.batch_started();
+        // The samples' panics are caught where they run, and the batch's
+        // hand-over's; one anywhere else (out of this loader's own code)
+        // ends the epoch with an error at this batch rather than leaving
+        // the feeder waiting for it.
+        let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fill(shared, plan, inbox, index, table, (epoch, gen))
+        }));
+        if let Err(payload) = batch {
+            shared.pool.release(None);
+            let e = crate::error::Error::WorkerPanic {
+                key: format!("batch {index}"),
+                message: super::panic_message(payload.as_ref()),
+            };
+            {
+                let mut st = crate::lock(&inbox.state);
+                st.end = st.end.min(index + 1);
+            }
+            inbox.arrive_failed(shared, index, e);
+            break;
+        }
+    }
+    inbox.pump_done();
+}
+
+/// Fills batch `index` into `table` and hands it to the inbox.
+fn fill(
+    shared: &Arc<Shared>,
+    plan: &Arc<Plan>,
+    inbox: &Arc<Inbox>,
+    index: usize,
+    table: SlotTable,
+    (epoch, gen): (u64, u64),
+) {
+    let n = plan.batches[index].len();
+    let filling = Filling::new(
+        shared.clone(),
+        plan.clone(),
+        index,
+        (epoch, gen),
+        inbox.cancel.clone(),
+        Handoff::Direct(inbox.clone()),
+        table,
+        Vec::new(),
+        n,
+    );
+    if n == 0 {
+        filling.complete();
+    } else {
+        // One runner claiming every sample: it completes the batch.
+        filling.run();
+    }
+}
+
+/// Hands batches `first..` of `plan` to one pump per decode thread, the
+/// epoch's channel from the uploader once it has delivered the
+/// `dispatched` batches before them, and returns once the epoch is over
+/// (acknowledged, like the uploader's).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(
+    shared: &Arc<Shared>,
+    decode_pool: &rayon::ThreadPool,
+    plan: &Arc<Plan>,
+    first: usize,
+    dispatched: usize,
+    (epoch, gen): (u64, u64),
+    cancel: &Arc<AtomicBool>,
+    done: &Sender<Msg>,
+    acks: &Acks,
+) {
+    let pumps = decode_pool.current_num_threads().max(1);
+    let inbox = Arc::new(Inbox::new(
+        gen,
+        cancel.clone(),
+        first,
+        plan.batches.len(),
+        pumps,
+    ));
+    *crate::lock(&shared.direct) = Some(inbox.clone());
+    let handover = Msg::Handover {
+        gen,
+        dispatched,
+        inbox: inbox.clone(),
+    };
+    if done.send(handover).is_err() {
+        inbox.hand_over(shared, None);
+    }
+    for _ in 0..pumps {
+        let (shared, plan, inbox) = (shared.clone(), plan.clone(), inbox.clone());
+        decode_pool.spawn_fifo(move || pump(&shared, &plan, &inbox, (epoch, gen)));
+    }
+    inbox.finish(shared);
+    *crate::lock(&shared.direct) = None;
+    acks.ack(gen);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::fields::{Field, FieldType};
+    use crate::map::{map_fn, Sample};
+    use crate::pipeline::{BadSamples, Loader};
+    use crate::source::{MemorySource, Record};
+    use std::time::Duration;
+
+    /// A loader over 20 one-byte records, batches of 3 (the last one of
+    /// 2), whose map writes `[label, byte]`; it fails on `rec5` and
+    /// panics on `rec13` when `bad`.
+    fn loader(workers: usize, prefetch: usize, bad: Option<BadSamples>) -> Loader {
+        let records = (0..20u8)
+            .map(|i| Record::encoded(format!("rec{i}"), vec![100 + i], u32::from(i) * 7))
+            .collect();
+        let map = map_fn(
+            vec![Field::new("v", FieldType::U32, &[2])],
+            move |s: &mut Sample<'_>| {
+                match (bad.is_some(), s.key()) {
+                    (true, "rec5") => return Err(Error::sample("rec5", "no good")),
+                    (true, "rec13") => panic!("the map broke on rec13"),
+                    _ => {}
+                }
+                let r = s.record();
+                let v = [r.label, u32::from(r.bytes[0])];
+                s.take::<u32>(0)?.copy_from_slice(&v);
+                Ok(())
+            },
+        );
+        Loader::builder(MemorySource::new(records))
+            .map(map)
+            .batch_size(3)
+            .workers(workers)
+            .batches_in_flight(2 + workers)
+            .prefetch(prefetch)
+            .shuffle(9)
+            .bad_samples(bad.unwrap_or_default())
+            .shard(0, 1)
+            .build()
+            .unwrap()
+    }
+
+    /// One delivered batch: its index, sample indices and values, or the
+    /// error's text.
+    type Got = std::result::Result<(usize, Vec<usize>, Vec<u32>, Vec<String>), String>;
+
+    fn take(b: crate::Result<crate::Batch>) -> Got {
+        let b = b.map_err(|e| e.to_string())?;
+        let v = b.get("v").unwrap().flatten_all().unwrap().to_vec1::<u32>();
+        let skipped = b.skipped.iter().map(|s| s.key.clone()).collect();
+        Ok((b.index, b.indices.clone(), v.unwrap(), skipped))
+    }
+
+    fn force(l: &Loader, direct: Option<bool>) {
+        *crate::lock(&l.shared.force_direct) = direct;
+    }
+
+    /// Whatever the path (the feeder's and uploader's, the direct one from
+    /// the first batch, or the switch after the first batches once the
+    /// map is measured cheap) and the worker count, an epoch delivers the
+    /// same batches in the same order, every value where the plan puts
+    /// it, and every buffer comes back; also with a consumer slower than
+    /// the loader (batches wait in the inbox for room).
+    #[test]
+    fn every_path_delivers_the_same_batches() {
+        let run = |workers, direct, slow: bool| {
+            let mut l = loader(workers, 1, None);
+            force(&l, direct);
+            let mut all = Vec::new();
+            for epoch in 0..2 {
+                for b in l.epoch(epoch) {
+                    all.push(take(b));
+                    if slow {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            }
+            assert_eq!(l.shared.pool.out(), 0, "every buffer is back");
+            all
+        };
+        let want = run(1, Some(false), false);
+        assert_eq!(want.len(), 14);
+        for (i, b) in want.iter().enumerate() {
+            let (index, indices, v, _) = b.as_ref().unwrap();
+            assert_eq!(*index, i % 7);
+            let expect: Vec<u32> = indices
+                .iter()
+                .flat_map(|&j| [j as u32 * 7, 100 + j as u32])
+                .collect();
+            assert_eq!(*v, expect);
+        }
+        for workers in [1, 2, 3] {
+            for direct in [Some(false), Some(true), None] {
+                for slow in [false, true] {
+                    let got = run(workers, direct, slow);
+                    assert_eq!(got, want, "{workers} workers, {direct:?}, slow {slow}");
+                }
+            }
+        }
+    }
+
+    /// A direct epoch resumed at batch 4 starts there; one dropped after
+    /// two batches gives every buffer back and leaves no thread busy; one
+    /// forgotten is stopped by the next epoch, which is whole.
+    #[test]
+    fn a_direct_epoch_resumes_cancels_and_is_forgotten() {
+        let mut l = loader(2, 2, None);
+        force(&l, Some(true));
+        let full: Vec<Got> = l.epoch(3).map(take).collect();
+        let resumed: Vec<Got> = l.epoch_from(3, 4).map(take).collect();
+        assert_eq!(resumed, full[4..]);
+        for _ in 0..5 {
+            let mut e = l.epoch(3);
+            assert_eq!(take(e.next().unwrap()), full[0]);
+            assert_eq!(take(e.next().unwrap()), full[1]);
+            drop(e);
+            assert_eq!(
+                l.shared.pool.out(),
+                0,
+                "a dropped epoch gives its buffers back"
+            );
+        }
+        let mut e = l.epoch(3);
+        let _ = e.next();
+        std::mem::forget(e);
+        let again: Vec<Got> = l.epoch(3).map(take).collect();
+        assert_eq!(again, full);
+    }
+
+    /// A sample that fails and one whose map panics: under `Fail` their
+    /// batches are errors naming them and the epoch goes on; under `Skip`
+    /// they are left out and listed, the same on either path.
+    #[test]
+    fn bad_samples_in_a_direct_epoch_follow_the_policy() {
+        for policy in [BadSamples::Fail, BadSamples::Skip] {
+            let mut by_path = Vec::new();
+            for direct in [Some(false), Some(true)] {
+                let mut l = loader(2, 2, Some(policy));
+                force(&l, direct);
+                let got: Vec<Got> = l.epoch(0).map(take).collect();
+                assert_eq!(got.len(), 7);
+                let errors: Vec<&String> = got.iter().filter_map(|b| b.as_ref().err()).collect();
+                let skipped: Vec<String> = got
+                    .iter()
+                    .filter_map(|b| b.as_ref().ok())
+                    .flat_map(|b| b.3.clone())
+                    .collect();
+                match policy {
+                    BadSamples::Fail => {
+                        assert_eq!(errors.len(), 2, "{got:?}");
+                        assert!(errors.iter().any(|e| e.contains("rec5")), "{errors:?}");
+                        assert!(errors.iter().any(|e| e.contains("rec13")), "{errors:?}");
+                    }
+                    _ => {
+                        assert!(errors.is_empty(), "{errors:?}");
+                        let mut skipped = skipped;
+                        skipped.sort();
+                        assert_eq!(skipped, ["rec13", "rec5"]);
+                    }
+                }
+                assert_eq!(l.shared.pool.out(), 0);
+                by_path.push(got);
+            }
+            assert_eq!(by_path[0], by_path[1], "{policy:?}");
+        }
+    }
+}
