@@ -5,8 +5,8 @@
 //! A token window is a few-KiB copy: a batch of them costs tens of
 //! microseconds, about what it costs to wake the feeder, queue a job,
 //! wake the uploader and wake the consumer. So once a batch's samples
-//! cost less than one claim of work ([`split`](super::fill::split) gives
-//! one runner), the feeder hands the rest of a random-access epoch on the
+//! cost less than a millisecond of work ([`cheap`]; known after the first
+//! samples), the feeder hands the rest of a random-access epoch on the
 //! CPU to one pump per decode thread and waits:
 //!
 //! - A pump takes a pool buffer, **then** the next batch index (so the

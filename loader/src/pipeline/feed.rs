@@ -110,8 +110,8 @@ pub(super) fn feed(
                 break;
             }
             let n = plan.batches[index].len();
-            // Once a batch costs less than one claim of work (known after
-            // the first samples), the rest of the epoch is direct.
+            // Once a batch costs under a millisecond (known after the
+            // first samples), the rest of the epoch is direct.
             if direct_ok && super::direct::wanted(shared, n) {
                 let ids = (epoch, gen);
                 super::direct::run(

@@ -316,12 +316,19 @@ pub(super) fn split(mean: Option<std::time::Duration>, n: usize, threads: usize)
     (runners, by_time.min(n.div_ceil(runners)))
 }
 
+/// Below this much work a batch, the feeder's and uploader's hand-overs
+/// (two thread wake-ups and a queued job, tens of microseconds) are a
+/// good part of the batch's cost, and the direct hand-over
+/// ([`super::direct`]) is faster; above it they are a few percent, and
+/// splitting a batch over the threads gets it ready sooner (an image
+/// batch is tens of milliseconds).
+const DIRECT_WORK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Whether a batch of `n` samples, at `mean` a sample (the map's mean
-/// time so far; `None` before any is measured), is cheaper than one claim
-/// of work: the batch is then one job, and the direct hand-over
-/// ([`super::direct`]) costs less than the feeder's and uploader's.
+/// time so far; `None` before any is measured), is cheap enough for the
+/// direct hand-over.
 pub(super) fn cheap(mean: Option<std::time::Duration>, n: usize) -> bool {
-    mean.is_some_and(|m| m.as_nanos().saturating_mul(n as u128) <= CLAIM_WORK.as_nanos())
+    mean.is_some_and(|m| m.as_nanos().saturating_mul(n as u128) <= DIRECT_WORK.as_nanos())
 }
 
 impl Filling {
@@ -536,16 +543,16 @@ mod tests {
     }
 
     /// A batch is cheap when its samples, at the mean measured so far,
-    /// cost at most one claim of work; never before anything is measured,
-    /// whatever the thread count.
+    /// cost at most a millisecond; never before anything is measured.
     #[test]
-    fn a_batch_is_cheap_below_one_claim_of_work() {
+    fn a_batch_is_cheap_below_a_millisecond_of_work() {
         use std::time::Duration;
         let us = Duration::from_micros;
-        assert!(cheap(Some(us(1)), 32));
-        assert!(cheap(Some(us(1)), 50));
-        assert!(!cheap(Some(us(1)), 51));
-        assert!(!cheap(Some(us(1000)), 1));
+        assert!(cheap(Some(us(2)), 32));
+        assert!(cheap(Some(us(2)), 500));
+        assert!(!cheap(Some(us(2)), 501));
+        assert!(cheap(Some(us(1000)), 1));
+        assert!(!cheap(Some(us(1001)), 1));
         assert!(!cheap(None, 1));
         assert!(cheap(Some(Duration::ZERO), 1 << 20));
     }
