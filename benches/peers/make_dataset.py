@@ -8,7 +8,15 @@ resized to about ImageNet's mean training size (300..500 x 250..450, mean
 ~400x350), colour-jittered, and re-encoded: JPEG at quality 85..96 (10%
 progressive, ~4% grayscale), and 1% PNG. Deterministic for a given seed.
 
-usage: python make_dataset.py OUT_DIR [COUNT] [SEED]
+With `large`, the photos are large instead (2-3 MP, 1,700..2,100 x
+1,150..1,450, the size of COCO/OpenImages originals and phone photos
+scaled for the web): each is 70..100% of a whole photograph, upscaled with
+bicubic filtering (the sources are 300..1,400 px, so 1.2-6x), colour
+jittered, with Gaussian noise of sigma 3 added (sensor grain: an upscaled
+photo alone is smoother than a camera's, and cheaper to entropy-decode),
+and encoded as JPEG at quality 85..96 (10% progressive, ~4% grayscale).
+
+usage: python make_dataset.py OUT_DIR [COUNT] [SEED] [large]
 """
 import io
 import os
@@ -35,7 +43,8 @@ def main():
     out_dir = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    marker = os.path.join(out_dir, f".complete-{count}-{seed}")
+    large = len(sys.argv) > 4 and sys.argv[4] == "large"
+    marker = os.path.join(out_dir, f".complete-{count}-{seed}{'-large' if large else ''}")
     if os.path.exists(marker):
         print(out_dir)
         return
@@ -45,15 +54,20 @@ def main():
     for i in range(count):
         src = srcs[rng.integers(len(srcs))]
         h, w = src.shape[:2]
-        tw, th = int(rng.integers(300, 501)), int(rng.integers(250, 451))
+        if large:
+            tw, th = int(rng.integers(1700, 2101)), int(rng.integers(1150, 1451))
+        else:
+            tw, th = int(rng.integers(300, 501)), int(rng.integers(250, 451))
         # A window of the photo with the target's aspect ratio, 40..100% of
-        # the largest one that fits.
-        scale = min(w / tw, h / th) * rng.uniform(0.4, 1.0)
+        # the largest one that fits (70..100% for large photos).
+        scale = min(w / tw, h / th) * rng.uniform(0.7 if large else 0.4, 1.0)
         cw, ch = max(16, int(tw * scale)), max(16, int(th * scale))
         x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
         img = Image.fromarray(src[y0:y0 + ch, x0:x0 + cw]).resize((tw, th), Image.BICUBIC)
         arr = np.asarray(img).astype(np.float32)
         arr = arr[..., rng.permutation(3)] * rng.uniform(0.7, 1.2) + rng.uniform(-20, 20)
+        if large:
+            arr = arr + rng.normal(0.0, 3.0, arr.shape).astype(np.float32)
         if rng.random() < 0.5:
             arr = arr[:, ::-1]
         img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
@@ -61,7 +75,7 @@ def main():
         os.makedirs(os.path.join(out_dir, cls), exist_ok=True)
         buf = io.BytesIO()
         r = rng.random()
-        if r < 0.01:
+        if r < 0.01 and not large:
             img.save(buf, "PNG")
             ext = "png"
         else:

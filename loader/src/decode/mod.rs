@@ -51,30 +51,51 @@ pub(crate) enum Decoded {
     Whole { width: usize, height: usize },
 }
 
+/// The DCT scale a crop of `crop` resampled to `out` pixels is decoded at:
+/// the largest of 1/8, 1/4 and 1/2 at which the crop is still at least the
+/// output's size in both axes (so the resampler still only shrinks), else
+/// full size. libjpeg-turbo's path picks the same.
+pub(crate) fn dct_scale(crop: &Crop, (out_w, out_h): (usize, usize)) -> usize {
+    [8usize, 4, 2]
+        .into_iter()
+        .find(|&k| crop.width / k as f64 >= out_w as f64 && crop.height / k as f64 >= out_h as f64)
+        .unwrap_or(1)
+}
+
+/// `crop` in the image scaled by `1 / k`.
+fn scaled(crop: Crop, k: usize) -> Crop {
+    let k = k as f64;
+    Crop {
+        left: crop.left / k,
+        top: crop.top / k,
+        width: crop.width / k,
+        height: crop.height / k,
+    }
+}
+
 /// The one decoder dispatch of the decode+transform path: decodes what the
 /// crop that `plan` picks for the image's full size needs, into `out`.
-/// `plan` gives the crop, the flip and the window of pixels the resampler
-/// reads for it (see `ImageTransform`). JPEGs go to libjpeg-turbo (feature
-/// `turbojpeg`: crop window, DCT scaling), then wick's window decoder, then
-/// a whole decode ([`decode_rgb_into`]: zune-jpeg for what wick declines);
-/// other formats decode whole. Errors name `key`.
+/// `plan` gives the crop and the flip, and `window(crop, w, h)` the window
+/// of pixels the resampler reads for a crop of a `w x h` image (see
+/// `ImageTransform`). JPEGs go to libjpeg-turbo (feature `turbojpeg`: crop
+/// window, DCT scaling), then wick's window decoder (crop window, DCT
+/// scaling: [`dct_scale`]), then a whole decode ([`decode_rgb_into`]:
+/// zune-jpeg for what wick declines); other formats decode whole. Errors
+/// name `key`.
 pub(crate) fn decode_for_crop(
     key: &str,
     bytes: &[u8],
     (jpeg, limits): (&mut jpeg::Scratch, &Limits),
     out: &mut Vec<u8>,
     out_size: (usize, usize),
-    plan: impl Fn(usize, usize) -> (Crop, bool, Window),
+    plan: impl Fn(usize, usize) -> (Crop, bool),
+    window: impl Fn(Crop, usize, usize) -> Window,
 ) -> Result<Decoded> {
     limits.check(key, bytes)?;
     if bytes.starts_with(&[0xFF, 0xD8]) {
         #[cfg(feature = "turbojpeg")]
         {
-            let params = |w, h| {
-                let (crop, flip, _) = plan(w, h);
-                (crop, flip)
-            };
-            if let Some(r) = turbo::decode_region(bytes, out, out_size, params) {
+            if let Some(r) = turbo::decode_region(bytes, out, out_size, &plan) {
                 return Ok(Decoded::Window {
                     width: r.width,
                     height: r.height,
@@ -83,13 +104,13 @@ pub(crate) fn decode_for_crop(
                 });
             }
         }
-        #[cfg(not(feature = "turbojpeg"))]
-        let _ = out_size;
         let mut picked = None;
-        let choose = |w, h| {
-            let (crop, flip, win) = plan(w, h);
+        let choose = |w: usize, h: usize| {
+            let (crop, flip) = plan(w, h);
+            let k = dct_scale(&crop, out_size);
+            let crop = scaled(crop, k);
             picked = Some((crop, flip));
-            win
+            (window(crop, w.div_ceil(k), h.div_ceil(k)), k)
         };
         if let Some(win) = jpeg::decode_window(bytes, jpeg, out, choose) {
             if let Some((crop, flip)) = picked {
@@ -178,11 +199,14 @@ pub(crate) fn decode_for_cache(
 
 /// The whole image by wick's own JPEG decoder, or `None` where it declines.
 fn own_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
-    let whole = |w, h| Window {
-        x0: 0,
-        y0: 0,
-        x1: w,
-        y1: h,
+    let whole = |w, h| {
+        let win = Window {
+            x0: 0,
+            y0: 0,
+            x1: w,
+            y1: h,
+        };
+        (win, 1)
     };
     JPEG.with(|s| jpeg::decode_window(bytes, &mut s.borrow_mut(), out, whole))
         .map(|win| (win.width(), win.height()))

@@ -101,10 +101,7 @@ fn decode_with(
     let (crop, flip) = params(w, h);
 
     // DCT-domain downscale while the window stays at least the output size.
-    let k = [8usize, 4, 2]
-        .into_iter()
-        .find(|&k| crop.width / k as f64 >= out_w as f64 && crop.height / k as f64 >= out_h as f64)
-        .unwrap_or(1);
+    let k = crate::decode::dct_scale(&crop, (out_w, out_h));
     let scaled = |d: usize| d.div_ceil(k);
     let (sw, sh) = (scaled(w), scaled(h));
     let mcu = scaled(MCU_WIDTH[subsamp as usize]).max(1);

@@ -233,10 +233,10 @@ impl ImageTransform {
         } = scratch;
         let t0 = Instant::now();
         let chosen = std::cell::Cell::new(None);
-        let windowed = |w, h| {
+        let planned = |w, h| {
             let (crop, flip) = plan(w, h);
             chosen.set(Some((Size::new(w, h), crop, flip)));
-            (crop, flip, self.window(crop, w, h))
+            (crop, flip)
         };
         let out_size = (self.width, self.height);
         let got = crate::decode::decode_for_crop(
@@ -245,7 +245,8 @@ impl ImageTransform {
             (jpeg, limits),
             decoded,
             out_size,
-            windowed,
+            planned,
+            |crop, w, h| self.window(crop, w, h),
         )?;
         let t1 = Instant::now();
         let (decoded_px, image, crop, flip) = match got {
@@ -481,12 +482,22 @@ mod tests {
         assert!(t(Transforms::eval(32), bad).is_err());
     }
 
+    /// The peak signal-to-noise ratio of `a` against `b`, in dB.
+    fn psnr(a: &[u8], b: &[u8]) -> f64 {
+        let se: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+        let mse = se / a.len() as f64;
+        10.0 * (255.0 * 255.0 / mse.max(1e-12)).log10()
+    }
+
     /// (With `turbojpeg`, libjpeg-turbo takes these JPEGs instead.)
     #[cfg(not(feature = "turbojpeg"))]
     #[test]
     fn window_decode_gives_the_full_decode_output() {
         // A 4:2:0 baseline JPEG (image's encoder): `apply` decodes only the
-        // crop's window; `apply_decoded` resizes the full decode.
+        // crop's window; `apply_decoded` resizes the full decode. A crop
+        // decoded at full scale gives the same bytes; one at least twice
+        // the output is decoded at 1/2, 1/4 or 1/8 scale (`dct_scale`),
+        // and is close.
         let (w, h) = (403u32, 354u32);
         let img = image::RgbImage::from_fn(w, h, |x, y| {
             let v = ((x as f32 / 9.0).sin() * 60.0 + (y as f32 / 7.0).cos() * 60.0) as i32;
@@ -497,7 +508,7 @@ mod tests {
         let jpeg = jpeg.into_inner();
         let mut full = Vec::new();
         let wh = crate::decode::decode_rgb_into("t", &jpeg, &mut full).unwrap();
-        let mut windows = 0;
+        let (mut windows, mut scaled) = (0, 0);
         for (transforms, size) in [(Transforms::train(), 96), (Transforms::eval(224), 224)] {
             let t =
                 ImageTransform::new(transforms, HostLayout::U8Nhwc, Size::square(size), 5).unwrap();
@@ -508,9 +519,18 @@ mod tests {
                 let mut b = vec![0u8; t.slot_len()];
                 t.apply_decoded("t", &full[..], wh, 0, index, Slot::U8(&mut b))
                     .unwrap();
-                assert!(a == b, "{transforms:?} sample {index} differs");
+                let (crop, _) = t.params(w as usize, h as usize, 0, index);
+                let k = crate::decode::dct_scale(&crop, (size, size));
+                if k == 1 {
+                    assert!(a == b, "{transforms:?} sample {index} differs");
+                } else {
+                    scaled += 1;
+                    let p = psnr(&a, &b);
+                    assert!(p >= 30.0, "{transforms:?} sample {index} at 1/{k}: PSNR {p:.1} dB");
+                }
             }
         }
         assert!(windows >= 12, "only {windows} samples decoded a window");
+        assert!(scaled >= 4, "only {scaled} samples decoded at a reduced scale");
     }
 }

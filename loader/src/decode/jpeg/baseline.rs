@@ -43,11 +43,15 @@ pub(super) fn baseline<M: idct::Madd>(
                     for bx in 0..c.h {
                         let last = bits.block(dc, ac, &mut pred[si], &mut coef, inside)?;
                         if inside {
-                            let x = ((mcu_x - g.mcu_x0) * c.h + bx) * 8;
-                            let y = ((mcu_y - g.mcu_y0) * c.v + by) * 8;
+                            let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
+                            let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
                             let plane = &mut s.planes[ci][y * stride + x..];
                             let (rows, cols) = idct::extent(last);
-                            idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
+                            let q = &quant[c.tq];
+                            match &g.reduced[ci] {
+                                None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
+                                Some(r) => r.block::<M>(&coef, q, rows, cols, plane, stride),
+                            }
                             coef[..rows * 8].fill(0);
                         }
                     }

@@ -172,18 +172,22 @@ pub(super) fn convert(h: &Header, g: &Geometry, win: Window, s: &mut Scratch, ou
     let planes: [Plane; 3] = std::array::from_fn(|i| {
         let i = i.min(h.ncomp - 1);
         let c = &h.comps[i];
-        let (x0, y0) = (g.mcu_x0 * c.h * 8, g.mcu_y0 * c.v * 8);
+        let b = g.block[i];
+        let (x0, y0) = (g.mcu_x0 * c.h * b, g.mcu_y0 * c.v * b);
+        // The component's size at its scale: image pixels (at the image's
+        // scale) per sample are `fx x fy`.
+        let (fx, fy) = (h.hmax * g.block[0] / (c.h * b), h.vmax * g.block[0] / (c.v * b));
         let (pw, ph) = g.planes[i];
         Plane {
             samples: &s.planes[i],
             stride: pw,
             x0,
             y0,
-            x_end: (x0 + pw).min((h.width * c.h).div_ceil(h.hmax)),
-            y_end: (y0 + ph).min((h.height * c.v).div_ceil(h.vmax)),
-            fx: h.hmax / c.h,
-            fy: h.vmax / c.v,
-            fancy: (h.width * c.h).div_ceil(h.hmax) > 2,
+            x_end: (x0 + pw).min(g.width.div_ceil(fx)),
+            y_end: (y0 + ph).min(g.height.div_ceil(fy)),
+            fx,
+            fy,
+            fancy: g.width.div_ceil(fx) > 2,
         }
     });
     for row in s.rows.iter_mut() {

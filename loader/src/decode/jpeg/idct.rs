@@ -215,6 +215,90 @@ pub(super) fn block<M: Madd>(
     }
 }
 
+/// The inverse DCT of a block at 1/2, 1/4 or 1/8 scale (`size` 4, 2 or 1
+/// samples a side), from its lowest `size x size` coefficients, as
+/// libjpeg's scaled IDCTs (`jidctred.c`) do: a `size`-point transform of
+/// them, level-shifted as the full one. Each basis function is also
+/// multiplied by its mean over the `8 / size` full-scale samples an output
+/// sample stands for (`sin(s k pi / 16) / (s sin(k pi / 16))`, `s = 8 /
+/// size`), so a block comes out as the exact box average of its full-scale
+/// decode, less the frequencies above the reduced block's (which a box
+/// average would alias).
+pub(super) struct Reduced {
+    size: usize,
+    /// `basis[k][y]`, for `k, y < size`.
+    basis: [[f32; 4]; 4],
+}
+
+impl Reduced {
+    /// The transform to `size` samples a side: 1, 2 or 4.
+    pub(super) fn new(size: usize) -> Self {
+        debug_assert!(matches!(size, 1 | 2 | 4));
+        let s = (8 / size) as f64;
+        let mut basis = [[0f32; 4]; 4];
+        for (k, row) in basis.iter_mut().enumerate().take(size) {
+            let c = if k == 0 { 0.5f64.sqrt() } else { 1.0 };
+            let theta = k as f64 * std::f64::consts::PI / 16.0;
+            let mean = if k == 0 {
+                1.0
+            } else {
+                (s * theta).sin() / (s * theta.sin())
+            };
+            for (y, b) in row.iter_mut().enumerate().take(size) {
+                let phase = (2 * y + 1) as f64 * k as f64 * std::f64::consts::PI / (2 * size) as f64;
+                *b = (c / 2.0 * phase.cos() * mean) as f32;
+            }
+        }
+        Self { size, basis }
+    }
+
+    /// Inverse-transforms `coef` (as [`block`]) into `size` rows of `size`
+    /// samples at `out[0..]`, `stride` apart.
+    #[inline(always)]
+    pub(super) fn block<M: Madd>(
+        &self,
+        coef: &[i16; 64],
+        q: &[f32; 64],
+        rows: usize,
+        cols: usize,
+        out: &mut [u8],
+        stride: usize,
+    ) {
+        let n = self.size;
+        let (rows, cols) = (rows.min(n), cols.min(n));
+        if rows == 1 && cols == 1 || n == 1 {
+            // The DC term alone: 1/8 of it, as the full transform's.
+            let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
+            for row in out.chunks_mut(stride).take(n) {
+                row[..n].fill(v);
+            }
+            return;
+        }
+        let mut work = [[0f32; 4]; 4];
+        for v in 0..rows {
+            let mut x = [0f32; 4];
+            for u in 0..cols {
+                x[u] = coef[v * 8 + u] as f32 * q[v * 8 + u];
+            }
+            for (y, w) in work.iter_mut().enumerate().take(n) {
+                let b = self.basis[v][y];
+                for u in 0..4 {
+                    w[u] = M::madd(b, x[u], w[u]);
+                }
+            }
+        }
+        for (w, row) in work.iter().zip(out.chunks_mut(stride)).take(n) {
+            for (xx, o) in row[..n].iter_mut().enumerate() {
+                let mut acc = 128f32;
+                for u in 0..cols {
+                    acc = M::madd(w[u], self.basis[u][xx], acc);
+                }
+                *o = to_u8(acc);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +361,58 @@ mod tests {
                     let w = want[y * 8 + x].round().clamp(0.0, 255.0);
                     let g = out[y * 11 + x] as f64;
                     assert!((g - w).abs() <= 1.0, "trial {trial} ({x},{y}): {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    /// A reduced block is the box average of the full-scale block, less
+    /// the frequencies it cannot hold: with only those present, exactly
+    /// the average (to rounding).
+    #[test]
+    fn reduced_blocks_are_box_averages_of_the_full_block() {
+        let quant: [u16; 64] = std::array::from_fn(|k| 1 + (k as u16 % 5));
+        let q = multipliers(&quant);
+        let mut state = 99u32;
+        let mut rand = move || {
+            state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            ((state >> 16) % 41) as i16 - 20
+        };
+        for size in [1usize, 2, 4] {
+            let r = Reduced::new(size);
+            let s = 8 / size;
+            for trial in 0..20 {
+                // Coefficients only below the reduced block's frequencies,
+                // small enough that nothing clamps.
+                let mut coef = [0i16; 64];
+                for v in 0..size {
+                    for u in 0..size {
+                        coef[v * 8 + u] = if u + v == 0 { rand() * 4 } else { rand() / 2 };
+                    }
+                }
+                let mut exact = [0f64; 64];
+                for (k, &z) in ZIGZAG.iter().enumerate() {
+                    exact[z as usize] = coef[z as usize] as f64 * quant[k] as f64;
+                }
+                let full = reference(&exact);
+                let mut out = [0u8; 4 * 5];
+                let (rows, cols) = (size, size);
+                r.block::<Separate>(&coef, &q, rows, cols, &mut out, 5);
+                for y in 0..size {
+                    for x in 0..size {
+                        let mut mean = 0.0;
+                        for dy in 0..s {
+                            for dx in 0..s {
+                                mean += full[(y * s + dy) * 8 + x * s + dx];
+                            }
+                        }
+                        let mean = (mean / (s * s) as f64).clamp(0.0, 255.0);
+                        let got = out[y * 5 + x] as f64;
+                        assert!(
+                            (got - mean).abs() <= 1.0,
+                            "size {size} trial {trial} ({x},{y}): {got} vs {mean}"
+                        );
+                    }
                 }
             }
         }

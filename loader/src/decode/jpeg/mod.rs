@@ -73,7 +73,7 @@ impl Scratch {
     }
 }
 
-/// Which MCUs and component samples a window needs.
+/// Which MCUs and component samples a window needs, at a scale.
 struct Geometry {
     mcus_x: usize,
     mcu_x0: usize,
@@ -82,12 +82,30 @@ struct Geometry {
     mcu_y1: usize,
     /// Width and height of each component's plane.
     planes: [(usize, usize); 3],
+    /// Samples a side each component's blocks decode to: 8, or 4, 2, 1 at
+    /// 1/2, 1/4, 1/8 scale; twice that for a component subsampled 2x in
+    /// both axes (4:2:0 chroma), as libjpeg-turbo does, so it comes out at
+    /// the image's scale and needs no upsampling.
+    block: [usize; 3],
+    /// The reduced inverse DCT of each component (`block` < 8).
+    reduced: [Option<idct::Reduced>; 3],
+    /// The image's size at the scale.
+    width: usize,
+    height: usize,
 }
 
 impl Geometry {
-    fn new(h: &Header, win: Window) -> Self {
-        let (mcu_w, mcu_h) = (8 * h.hmax, 8 * h.vmax);
-        let mcus_x = h.width.div_ceil(mcu_w);
+    /// `win` is in the image scaled by `1 / scale` (1, 2, 4 or 8).
+    fn new(h: &Header, win: Window, scale: usize) -> Self {
+        let luma = 8 / scale;
+        let mut block = [luma; 3];
+        for (b, c) in block.iter_mut().zip(&h.comps[..h.ncomp]) {
+            if luma < 8 && h.hmax == 2 * c.h && h.vmax == 2 * c.v {
+                *b = 2 * luma;
+            }
+        }
+        let mcus_x = h.width.div_ceil(8 * h.hmax);
+        let (mcu_w, mcu_h) = (luma * h.hmax, luma * h.vmax);
         // One MCU of margin where chroma is subsampled, for the upsampler's
         // neighbours.
         let mx = usize::from(h.hmax > 1);
@@ -95,10 +113,10 @@ impl Geometry {
         let mcu_x0 = (win.x0 / mcu_w).saturating_sub(mx);
         let mcu_x1 = (win.x1.div_ceil(mcu_w) + mx).min(mcus_x);
         let mcu_y0 = (win.y0 / mcu_h).saturating_sub(my);
-        let mcu_y1 = (win.y1.div_ceil(mcu_h) + my).min(h.height.div_ceil(mcu_h));
+        let mcu_y1 = (win.y1.div_ceil(mcu_h) + my).min(h.height.div_ceil(8 * h.vmax));
         let mut planes = [(0, 0); 3];
-        for (p, c) in planes.iter_mut().zip(&h.comps[..h.ncomp]) {
-            *p = ((mcu_x1 - mcu_x0) * c.h * 8, (mcu_y1 - mcu_y0) * c.v * 8);
+        for ((p, c), &b) in planes.iter_mut().zip(&h.comps[..h.ncomp]).zip(&block) {
+            *p = ((mcu_x1 - mcu_x0) * c.h * b, (mcu_y1 - mcu_y0) * c.v * b);
         }
         Geometry {
             mcus_x,
@@ -107,19 +125,29 @@ impl Geometry {
             mcu_y0,
             mcu_y1,
             planes,
+            block,
+            reduced: block.map(|b| (b < 8).then(|| idct::Reduced::new(b))),
+            width: h.width.div_ceil(scale),
+            height: h.height.div_ceil(scale),
         }
     }
 }
 
-/// Decodes the window of `bytes` that `choose(width, height)` picks into
-/// `out` as packed RGB8 (`window.width() * window.height() * 3` bytes at
-/// the start; `out` only grows) and returns the window, or `None` when this
-/// decoder does not take the file (see the module docs).
+/// The scales the decoder decodes at: 1 (full), 1/2, 1/4 and 1/8.
+pub(crate) const SCALES: [usize; 4] = [1, 2, 4, 8];
+
+/// Decodes the window of `bytes` that `choose(width, height)` picks, with
+/// the scale it picks (1, 2, 4 or 8: the image decoded at `1 / scale` of
+/// its size, `ceil(width / scale) x ceil(height / scale)`, in the DCT
+/// domain, and the window in that image's pixels), into `out` as packed
+/// RGB8 (`window.width() * window.height() * 3` bytes at the start; `out`
+/// only grows) and returns the window, or `None` when this decoder does
+/// not take the file (see the module docs).
 pub(crate) fn decode_window(
     bytes: &[u8],
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
-    choose: impl FnOnce(usize, usize) -> Window,
+    choose: impl FnOnce(usize, usize) -> (Window, usize),
 ) -> Option<Window> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2")
@@ -146,7 +174,7 @@ fn decode_avx2(
     bytes: &[u8],
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
-    choose: impl FnOnce(usize, usize) -> Window,
+    choose: impl FnOnce(usize, usize) -> (Window, usize),
 ) -> Option<Window> {
     decode::<idct::Fused>(bytes, scratch, out, choose)
 }
@@ -156,16 +184,20 @@ fn decode<M: idct::Madd>(
     bytes: &[u8],
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
-    choose: impl FnOnce(usize, usize) -> Window,
+    choose: impl FnOnce(usize, usize) -> (Window, usize),
 ) -> Option<Window> {
     let mut h = Header::new(bytes, &mut scratch.tables)?;
     let mut pos = 2;
     let first = h.next_scan(bytes, &mut pos, &mut scratch.tables)??;
-    let win = choose(h.width, h.height);
-    if win.x0 >= win.x1 || win.y0 >= win.y1 || win.x1 > h.width || win.y1 > h.height {
+    let (win, scale) = choose(h.width, h.height);
+    if !SCALES.contains(&scale) {
         return None;
     }
-    let g = Geometry::new(&h, win);
+    let (sw, sh) = (h.width.div_ceil(scale), h.height.div_ceil(scale));
+    if win.x0 >= win.x1 || win.y0 >= win.y1 || win.x1 > sw || win.y1 > sh {
+        return None;
+    }
+    let g = Geometry::new(&h, win, scale);
     let mut bytes_needed = win.width() as u64 * win.height() as u64 * 3;
     for (c, &(pw, ph)) in h.comps[..h.ncomp].iter().zip(&g.planes) {
         bytes_needed += (pw * ph) as u64;

@@ -214,10 +214,13 @@ pub(super) fn progressive<M: idct::Madd>(
                     coef[n as usize] = v;
                 }
                 let (rows, cols) = idct::extent(last);
-                let x = (bx - g.mcu_x0 * c.h) * 8;
-                let y = (by - g.mcu_y0 * c.v) * 8;
+                let x = (bx - g.mcu_x0 * c.h) * g.block[ci];
+                let y = (by - g.mcu_y0 * c.v) * g.block[ci];
                 let plane = &mut s.planes[ci][y * stride + x..];
-                idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride);
+                match &g.reduced[ci] {
+                    None => idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride),
+                    Some(r) => r.block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride),
+                }
             }
         }
     }
