@@ -90,9 +90,26 @@ impl<B> Pool<B> {
     /// `cancel` is set (call [`Pool::wake`] after setting it), an error when
     /// a pinned allocation failed (its permit is returned).
     pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Option<Result<B>> {
+        self.take(Some(cancel))
+    }
+
+    /// Takes a buffer if a permit is free, without waiting: `None` when
+    /// all are out.
+    pub(crate) fn try_acquire(&self) -> Option<Result<B>> {
+        self.take(None)
+    }
+
+    /// Permits not taken (0 while all are out).
+    pub(crate) fn free_permits(&self) -> usize {
+        let st = self.lock();
+        self.capacity.load(Ordering::Relaxed).saturating_sub(st.out)
+    }
+
+    /// `acquire` waiting until `cancel` (`Some`), or `try_acquire`.
+    fn take(&self, wait: Option<&AtomicBool>) -> Option<Result<B>> {
         let mut st = self.lock();
         loop {
-            if cancel.load(Ordering::Acquire) {
+            if wait.is_some_and(|cancel| cancel.load(Ordering::Acquire)) {
                 return None;
             }
             if st.out < self.capacity.load(Ordering::Relaxed) {
@@ -111,6 +128,7 @@ impl<B> Pool<B> {
                 }
                 return Some(buf);
             }
+            wait?;
             st = crate::wait_counted(&self.cv, st, |s| &mut s.waiting);
         }
     }
@@ -194,6 +212,19 @@ mod tests {
         let reused = waiter.join().unwrap().unwrap().unwrap();
         assert_eq!(reused[0], 9);
         assert_eq!(pool.out(), 2);
+    }
+
+    #[test]
+    fn try_acquire_takes_a_free_permit_and_never_waits() {
+        let pool = Pool::new(2, Box::new(|| Ok(vec![0u8; 4])), false).unwrap();
+        assert_eq!(pool.free_permits(), 2);
+        let a = pool.try_acquire().unwrap().unwrap();
+        let _b = pool.try_acquire().unwrap().unwrap();
+        assert_eq!(pool.free_permits(), 0);
+        assert!(pool.try_acquire().is_none(), "all out: no wait, no buffer");
+        pool.release(Some(a));
+        assert_eq!(pool.free_permits(), 1);
+        assert!(pool.try_acquire().is_some());
     }
 
     #[test]

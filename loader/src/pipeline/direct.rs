@@ -69,10 +69,16 @@ struct State {
     waiting: bool,
 }
 
-/// Where the pumps of one direct epoch put their batches.
+/// Where the pumps of one direct epoch put their batches, and what
+/// starting one takes.
 pub(super) struct Inbox {
     gen: u64,
+    epoch: u64,
     cancel: Arc<AtomicBool>,
+    plan: Arc<Plan>,
+    decode_pool: Arc<rayon::ThreadPool>,
+    /// Pumps at most: one per decode thread.
+    most: usize,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -84,21 +90,52 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    /// The pumps' batch indices run from `first` to `end`.
-    fn new(gen: u64, cancel: Arc<AtomicBool>, first: usize, end: usize, pumps: usize) -> Self {
+    /// The pumps' batch indices run from `first` to the plan's end.
+    fn new(
+        (epoch, gen): (u64, u64),
+        cancel: Arc<AtomicBool>,
+        plan: Arc<Plan>,
+        decode_pool: Arc<rayon::ThreadPool>,
+        first: usize,
+    ) -> Self {
         Self {
             gen,
+            epoch,
             cancel,
+            most: decode_pool.current_num_threads().max(1),
+            decode_pool,
             state: Mutex::new(State {
                 out: None,
                 handed: false,
                 order: Reorder::new(first),
                 next: first,
-                end,
-                pumps,
+                end: plan.batches.len(),
+                pumps: 0,
                 waiting: false,
             }),
+            plan,
             cv: Condvar::new(),
+        }
+    }
+
+    /// Starts pumps while fewer than one per decode thread run, batches
+    /// are left and buffers are free. Called under the state's lock, where
+    /// pumps end for want of a buffer ([`pump`]) and drains give buffers
+    /// back, so a buffer that comes back always finds a pump to fill it.
+    fn start_pumps(self: &Arc<Self>, shared: &Arc<Shared>, st: &mut State) {
+        if self.cancel.load(Ordering::Relaxed) || st.next >= st.end {
+            return;
+        }
+        let free = shared.pool.free_permits();
+        let n = self
+            .most
+            .saturating_sub(st.pumps)
+            .min(free)
+            .min(st.end - st.next);
+        for _ in 0..n {
+            st.pumps += 1;
+            let (shared, inbox) = (shared.clone(), self.clone());
+            self.decode_pool.spawn_fifo(move || pump(&shared, &inbox));
         }
     }
 
@@ -109,11 +146,17 @@ impl Inbox {
 
     /// The uploader gives the epoch's channel over (`None` when the
     /// consumer went away or the epoch is not the uploader's).
-    pub(super) fn hand_over(&self, shared: &Shared, out: Option<Sender<Result<Pending>>>) {
+    pub(super) fn hand_over(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        out: Option<Sender<Result<Pending>>>,
+    ) {
         let mut st = crate::lock(&self.state);
         st.out = out;
         st.handed = true;
         self.drain(shared, &mut st);
+        // The batches before the switch gave their buffers back.
+        self.start_pumps(shared, &mut st);
         if st.pumps == 0 {
             self.notify(&st);
         }
@@ -135,9 +178,11 @@ impl Inbox {
 
     /// Moves the batches that are next into the channel, within the
     /// prefetch depth: the consumer calls it after taking a batch.
-    pub(super) fn make_room(&self, shared: &Shared) {
+    pub(super) fn make_room(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut st = crate::lock(&self.state);
-        if self.drain(shared, &mut st) && st.pumps == 0 {
+        let empty = self.drain(shared, &mut st);
+        self.start_pumps(shared, &mut st);
+        if empty && st.pumps == 0 {
             self.notify(&st);
         }
     }
@@ -186,7 +231,7 @@ impl Inbox {
     }
 
     /// A pump's finished batch.
-    pub(super) fn arrive(&self, shared: &Shared, filled: Filled) {
+    pub(super) fn arrive(self: &Arc<Self>, shared: &Arc<Shared>, filled: Filled) {
         let Filled { index, result } = filled;
         let live = !self.cancel.load(Ordering::Relaxed);
         let entry = match result {
@@ -236,10 +281,12 @@ impl Inbox {
         self.push(shared, index, entry);
     }
 
-    fn push(&self, shared: &Shared, index: usize, entry: Entry) {
+    fn push(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, entry: Entry) {
         let mut st = crate::lock(&self.state);
         st.order.push(index, entry);
-        if self.drain(shared, &mut st) && st.pumps == 0 {
+        let empty = self.drain(shared, &mut st);
+        self.start_pumps(shared, &mut st);
+        if empty && st.pumps == 0 {
             self.notify(&st);
         }
     }
@@ -256,7 +303,7 @@ impl Inbox {
 
     /// Batch `index` failed in a way that ends the epoch (as the feeder's
     /// `fail`): it is delivered as the epoch's last batch.
-    fn fail(&self, shared: &Shared, index: usize, e: crate::error::Error) {
+    fn fail(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, e: crate::error::Error) {
         {
             let mut st = crate::lock(&self.state);
             st.end = st.end.min(index + 1);
@@ -266,7 +313,7 @@ impl Inbox {
     }
 
     /// Batch `index` is the error `e` (its permit given back already).
-    fn arrive_failed(&self, shared: &Shared, index: usize, e: crate::error::Error) {
+    fn arrive_failed(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, e: crate::error::Error) {
         self.arrive(
             shared,
             Filled {
@@ -276,8 +323,8 @@ impl Inbox {
         );
     }
 
-    fn pump_done(&self) {
-        let mut st = crate::lock(&self.state);
+    /// A pump ends (under the state's lock, `st`).
+    fn pump_done(&self, mut st: std::sync::MutexGuard<'_, State>) {
         st.pumps -= 1;
         if st.pumps == 0 {
             self.notify(&st);
@@ -291,7 +338,9 @@ impl Inbox {
         let mut st = crate::lock(&self.state);
         loop {
             let delivered = st.order.is_empty() || st.order.next() >= st.end;
-            let over = self.cancel.load(Ordering::Relaxed) || st.out.is_none() || delivered;
+            let over = self.cancel.load(Ordering::Relaxed)
+                || st.out.is_none()
+                || (st.next >= st.end && delivered);
             if st.pumps == 0 && st.handed && over {
                 break;
             }
@@ -320,15 +369,19 @@ pub(super) fn wanted(shared: &Shared, n: usize) -> bool {
     cheap(shared.counters.mean_sample_work(), n)
 }
 
-/// One pump: whole batches, until none is left or the epoch is
-/// cancelled.
-fn pump(shared: &Arc<Shared>, plan: &Arc<Plan>, inbox: &Arc<Inbox>, (epoch, gen): (u64, u64)) {
+/// One pump: whole batches while a buffer is free, until none is left or
+/// the epoch is cancelled. A pump never waits for a buffer (a job that
+/// blocks can deadlock the pool: a source that calls into rayon, as
+/// `rayon::yield_now`, can run another pump on its own thread's stack):
+/// it ends, and the drain that gives a buffer back starts a new one.
+fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
     let cancel = &inbox.cancel;
-    while !cancel.load(Ordering::Relaxed) {
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
         // The buffer first, then the index: see the module's docs.
-        let t = std::time::Instant::now();
-        let buf = match shared.pool.acquire(cancel) {
-            None => break,
+        let buf = match shared.pool.try_acquire() {
             Some(Ok(buf)) => buf,
             Some(Err(e)) => {
                 // (Its permit was given back.)
@@ -337,27 +390,26 @@ fn pump(shared: &Arc<Shared>, plan: &Arc<Plan>, inbox: &Arc<Inbox>, (epoch, gen)
                 }
                 break;
             }
+            None => {
+                let st = crate::lock(&inbox.state);
+                // One came back before the lock: go on.
+                if shared.pool.free_permits() > 0 {
+                    continue;
+                }
+                return inbox.pump_done(st);
+            }
         };
         let Some(index) = inbox.claim() else {
             shared.pool.release(Some(buf));
             break;
         };
-        if let Some(trace) = &shared.trace {
-            let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
-            trace.record(
-                "wait for a batch buffer",
-                lane,
-                t,
-                std::time::Instant::now(),
-            );
-        }
         let mut buf = buf;
         if let Err(e) = buf.wait_writable() {
             shared.pool.release(None);
             inbox.fail(shared, index, e);
             break;
         }
-        let n = plan.batches[index].len();
+        let n = inbox.plan.batches[index].len();
         let table = match SlotTable::new(buf, n, &shared.schema) {
             Ok(table) => table,
             Err(failed) => {
@@ -373,7 +425,7 @@ fn pump(shared: &Arc<Shared>, plan: &Arc<Plan>, inbox: &Arc<Inbox>, (epoch, gen)
         // ends the epoch with an error at this batch rather than leaving
         // the feeder waiting for it.
         let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            fill(shared, plan, inbox, index, table, (epoch, gen))
+            fill(shared, inbox, index, table)
         }));
         if let Err(payload) = batch {
             shared.pool.release(None);
@@ -389,24 +441,17 @@ fn pump(shared: &Arc<Shared>, plan: &Arc<Plan>, inbox: &Arc<Inbox>, (epoch, gen)
             break;
         }
     }
-    inbox.pump_done();
+    inbox.pump_done(crate::lock(&inbox.state));
 }
 
 /// Fills batch `index` into `table` and hands it to the inbox.
-fn fill(
-    shared: &Arc<Shared>,
-    plan: &Arc<Plan>,
-    inbox: &Arc<Inbox>,
-    index: usize,
-    table: SlotTable,
-    (epoch, gen): (u64, u64),
-) {
-    let n = plan.batches[index].len();
+fn fill(shared: &Arc<Shared>, inbox: &Arc<Inbox>, index: usize, table: SlotTable) {
+    let n = inbox.plan.batches[index].len();
     let filling = Filling::new(
         shared.clone(),
-        plan.clone(),
+        inbox.plan.clone(),
         index,
-        (epoch, gen),
+        (inbox.epoch, inbox.gen),
         inbox.cancel.clone(),
         Handoff::Direct(inbox.clone()),
         table,
@@ -428,24 +473,25 @@ fn fill(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     shared: &Arc<Shared>,
-    decode_pool: &rayon::ThreadPool,
+    decode_pool: &Arc<rayon::ThreadPool>,
     plan: &Arc<Plan>,
     first: usize,
     dispatched: usize,
-    (epoch, gen): (u64, u64),
+    ids: (u64, u64),
     cancel: &Arc<AtomicBool>,
     done: &Sender<Msg>,
     acks: &Acks,
 ) {
-    let pumps = decode_pool.current_num_threads().max(1);
+    let gen = ids.1;
     let inbox = Arc::new(Inbox::new(
-        gen,
+        ids,
         cancel.clone(),
+        plan.clone(),
+        decode_pool.clone(),
         first,
-        plan.batches.len(),
-        pumps,
     ));
     *crate::lock(&shared.direct) = Some(inbox.clone());
+    inbox.start_pumps(shared, &mut crate::lock(&inbox.state));
     let handover = Msg::Handover {
         gen,
         dispatched,
@@ -453,10 +499,6 @@ pub(super) fn run(
     };
     if done.send(handover).is_err() {
         inbox.hand_over(shared, None);
-    }
-    for _ in 0..pumps {
-        let (shared, plan, inbox) = (shared.clone(), plan.clone(), inbox.clone());
-        decode_pool.spawn_fifo(move || pump(&shared, &plan, &inbox, (epoch, gen)));
     }
     inbox.finish(shared);
     *crate::lock(&shared.direct) = None;
@@ -591,6 +633,50 @@ mod tests {
         std::mem::forget(e);
         let again: Vec<Got> = l.epoch(3).map(take).collect();
         assert_eq!(again, full);
+    }
+
+    /// A map that calls into rayon (`yield_now` runs another of the pool's
+    /// jobs on this thread: another pump) with fewer buffers than pumps:
+    /// the epoch completes (a pump that waited for a buffer on top of the
+    /// one holding it deadlocked).
+    #[test]
+    fn a_map_that_yields_to_rayon_does_not_deadlock_the_pumps() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for workers in [1, 2, 3] {
+                let map = map_fn(
+                    vec![Field::new("v", FieldType::U32, &[])],
+                    |s: &mut Sample<'_>| {
+                        let _ = rayon::yield_now();
+                        s.take::<u32>(0)?[0] = s.record().label;
+                        Ok(())
+                    },
+                );
+                let records = (0..40u32)
+                    .map(|i| Record::encoded(format!("r{i}"), vec![1], i))
+                    .collect();
+                let mut l = Loader::builder(MemorySource::new(records))
+                    .map(map)
+                    .batch_size(2)
+                    .workers(workers)
+                    .batches_in_flight(1)
+                    .prefetch(1)
+                    .shard(0, 1)
+                    .build()
+                    .unwrap();
+                force(&l, Some(true));
+                for epoch in 0..3 {
+                    let n: usize = l.epoch(epoch).map(|b| b.unwrap().len()).sum();
+                    assert_eq!(n, 40);
+                }
+                assert_eq!(l.shared.pool.out(), 0);
+            }
+            let _ = tx.send(());
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hang: watchdog expired"),
+            r => r.expect("the test panicked"),
+        }
     }
 
     /// A sample that fails and one whose map panics: under `Fail` their

@@ -42,7 +42,7 @@ pub(super) struct EpochCmd {
 /// The feeder thread: one epoch command at a time, batches in order.
 pub(super) fn feed(
     shared: &Arc<Shared>,
-    decode_pool: &rayon::ThreadPool,
+    decode_pool: &Arc<rayon::ThreadPool>,
     cmds: &Receiver<EpochCmd>,
     done: &Sender<Msg>,
     acks: &Acks,

@@ -153,7 +153,7 @@ impl Shared {
 
     /// After the consumer took a batch of epoch `gen`: a direct epoch's
     /// batches that were waiting for room move into its channel.
-    fn make_room(&self, gen: u64) {
+    fn make_room(self: &Arc<Self>, gen: u64) {
         let inbox = lock(&self.direct).clone();
         if let Some(inbox) = inbox.filter(|i| i.gen() == gen) {
             inbox.make_room(self);

@@ -42,7 +42,7 @@ pub(super) fn discard(shared: &Shared, result: Option<Result<HostBatch>>) {
 }
 
 /// The uploader thread: reorder, upload, hand over.
-pub(super) fn upload_loop(shared: &Shared, done: &Receiver<Msg>, acks: &Acks) {
+pub(super) fn upload_loop(shared: &Arc<Shared>, done: &Receiver<Msg>, acks: &Acks) {
     let mut running: Option<Running> = None;
     for msg in done {
         match msg {
