@@ -177,19 +177,32 @@ thread_local! {
 /// crop window), `None` when the file must stay encoded in the cache so
 /// that every epoch decodes it exactly as an uncached run does: a JPEG that
 /// wick's own decoder does not decode whole (damaged below a crop window
-/// that still decodes, or a kind it leaves to zune-jpeg), and every JPEG
-/// when libjpeg-turbo decodes crop windows (the `turbojpeg` feature).
+/// that still decodes, or a kind it leaves to zune-jpeg), every JPEG when
+/// libjpeg-turbo decodes crop windows (the `turbojpeg` feature), and a JPEG
+/// at least twice `out` (the output its crops are resized to) in both
+/// axes, whose larger crops an uncached run decodes at a reduced DCT scale
+/// ([`dct_scale`]), which no resampling of full-size pixels reproduces bit
+/// for bit.
 pub(crate) fn decode_for_cache(
     key: &str,
     bytes: &[u8],
     out: &mut Vec<u8>,
     limits: &Limits,
+    out_size: Option<(usize, usize)>,
 ) -> Result<Option<Size>> {
     limits.check(key, bytes)?;
     if !bytes.starts_with(&[0xFF, 0xD8]) {
         return decode_checked(key, bytes, out).map(Some);
     }
     if cfg!(feature = "turbojpeg") {
+        return Ok(None);
+    }
+    let scalable = |f: limits::JpegFrame| {
+        out_size.is_some_and(|(ow, oh)| {
+            usize::from(f.width) >= 2 * ow && usize::from(f.height) >= 2 * oh
+        })
+    };
+    if limits::jpeg_frame(bytes).is_some_and(scalable) {
         return Ok(None);
     }
     Ok(own_whole(bytes, out)
@@ -287,6 +300,40 @@ mod tests {
         let mut out = Cursor::new(Vec::new());
         img.write_to(&mut out, fmt).unwrap();
         out.into_inner()
+    }
+
+    /// A decoded cache keeps the pixels of a JPEG whose crops are never
+    /// decoded at a reduced scale (smaller than twice the output in an
+    /// axis), and keeps a larger one encoded; without an output size (a
+    /// user map's) it keeps the pixels. Other formats are always decoded.
+    #[cfg(not(feature = "turbojpeg"))]
+    #[test]
+    fn a_decoded_cache_keeps_jpegs_that_scaled_decoding_would_change_encoded() {
+        let jpeg = |w, h| {
+            encode(
+                DynamicImage::ImageRgb8(RgbImage::new(w, h)),
+                ImageFormat::Jpeg,
+            )
+        };
+        let limits = Limits::default();
+        let cached = |bytes: &[u8], out| {
+            decode_for_cache("t", bytes, &mut Vec::new(), &limits, out).unwrap()
+        };
+        assert_eq!(
+            cached(&jpeg(63, 80), Some((32, 32))),
+            Some(Size::new(63, 80))
+        );
+        assert_eq!(
+            cached(&jpeg(80, 63), Some((32, 32))),
+            Some(Size::new(80, 63))
+        );
+        assert_eq!(cached(&jpeg(64, 64), Some((32, 32))), None);
+        assert_eq!(cached(&jpeg(64, 64), None), Some(Size::new(64, 64)));
+        let png = encode(
+            DynamicImage::ImageRgb8(RgbImage::new(64, 64)),
+            ImageFormat::Png,
+        );
+        assert_eq!(cached(&png, Some((32, 32))), Some(Size::new(64, 64)));
     }
 
     fn decode(bytes: &[u8]) -> (usize, usize, Vec<u8>) {

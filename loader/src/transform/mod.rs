@@ -197,6 +197,11 @@ impl ImageTransform {
         })
     }
 
+    /// The output's `(width, height)`.
+    pub(crate) fn out_size(&self) -> (usize, usize) {
+        (self.width, self.height)
+    }
+
     /// [`apply`](Self::apply) with the given scratch.
     pub(crate) fn apply_with(
         &self,
@@ -484,7 +489,11 @@ mod tests {
 
     /// The peak signal-to-noise ratio of `a` against `b`, in dB.
     fn psnr(a: &[u8], b: &[u8]) -> f64 {
-        let se: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+        let se: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+            .sum();
         let mse = se / a.len() as f64;
         10.0 * (255.0 * 255.0 / mse.max(1e-12)).log10()
     }
@@ -526,11 +535,17 @@ mod tests {
                 } else {
                     scaled += 1;
                     let p = psnr(&a, &b);
-                    assert!(p >= 30.0, "{transforms:?} sample {index} at 1/{k}: PSNR {p:.1} dB");
+                    assert!(
+                        p >= 30.0,
+                        "{transforms:?} sample {index} at 1/{k}: PSNR {p:.1} dB"
+                    );
                 }
             }
         }
         assert!(windows >= 12, "only {windows} samples decoded a window");
-        assert!(scaled >= 4, "only {scaled} samples decoded at a reduced scale");
+        assert!(
+            scaled >= 4,
+            "only {scaled} samples decoded at a reduced scale"
+        );
     }
 }

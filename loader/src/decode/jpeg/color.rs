@@ -176,7 +176,10 @@ pub(super) fn convert(h: &Header, g: &Geometry, win: Window, s: &mut Scratch, ou
         let (x0, y0) = (g.mcu_x0 * c.h * b, g.mcu_y0 * c.v * b);
         // The component's size at its scale: image pixels (at the image's
         // scale) per sample are `fx x fy`.
-        let (fx, fy) = (h.hmax * g.block[0] / (c.h * b), h.vmax * g.block[0] / (c.v * b));
+        let (fx, fy) = (
+            h.hmax * g.block[0] / (c.h * b),
+            h.vmax * g.block[0] / (c.v * b),
+        );
         let (pw, ph) = g.planes[i];
         Plane {
             samples: &s.planes[i],

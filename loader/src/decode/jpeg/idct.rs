@@ -245,7 +245,8 @@ impl Reduced {
                 (s * theta).sin() / (s * theta.sin())
             };
             for (y, b) in row.iter_mut().enumerate().take(size) {
-                let phase = (2 * y + 1) as f64 * k as f64 * std::f64::consts::PI / (2 * size) as f64;
+                let phase =
+                    (2 * y + 1) as f64 * k as f64 * std::f64::consts::PI / (2 * size) as f64;
                 *b = (c / 2.0 * phase.cos() * mean) as f32;
             }
         }
@@ -290,8 +291,8 @@ impl Reduced {
         for (w, row) in work.iter().zip(out.chunks_mut(stride)).take(n) {
             for (xx, o) in row[..n].iter_mut().enumerate() {
                 let mut acc = 128f32;
-                for u in 0..cols {
-                    acc = M::madd(w[u], self.basis[u][xx], acc);
+                for (u, &wu) in w.iter().enumerate().take(cols) {
+                    acc = M::madd(wu, self.basis[u][xx], acc);
                 }
                 *o = to_u8(acc);
             }

@@ -313,14 +313,16 @@ fn scaled_decodes_are_box_averages_and_windows_agree() {
                     let (sw, sh) = (w.div_ceil(k), h.div_ceil(k));
                     let mut whole = Vec::new();
                     let mut scratch = Scratch::default();
-                    let got = decode_window(&jpeg, &mut scratch, &mut whole, |_, _| {
-                        (full(sw, sh), k)
-                    });
+                    let got =
+                        decode_window(&jpeg, &mut scratch, &mut whole, |_, _| (full(sw, sh), k));
                     assert_eq!(got, Some(full(sw, sh)), "{label}");
                     let want = box_average(&zune, w, h, k);
                     let n = sw * sh * 3;
-                    let diff: Vec<u8> =
-                        whole[..n].iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).collect();
+                    let diff: Vec<u8> = whole[..n]
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| a.abs_diff(*b))
+                        .collect();
                     let mean = diff.iter().map(|&d| d as f64).sum::<f64>() / n as f64;
                     // A tiny image's blocks are mostly the encoder's
                     // padding, which the box average of its pixels leaves
