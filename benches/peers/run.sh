@@ -3,6 +3,12 @@
 # same 2,000 JPEGs cut from real photographs, in one run. Not run in CI.
 #
 #   benches/peers/run.sh [COUNT]
+#   benches/peers/run.sh COUNT large
+#
+# With `large`, the dataset is COUNT large photos (2-3 MP, made from the
+# same photographs: see make_dataset.py) and the runs are wick (both
+# builds), tf.data and DALI, RandomResizedCrop and eval (resize 256, centre
+# crop 224), u8 and f32.
 #
 # Installs the peers into a venv (target/peers-venv, ~8 GB: PyTorch from PyPI
 # brings its CUDA libraries), writes the dataset (target/bench-data/photos-N),
@@ -25,8 +31,14 @@ if ! have tensorflow torch torchvision skimage; then
     scikit-image==0.26.0 pillow
   "$venv/bin/pip" install -q nvidia-dali-cuda120==2.4.0 || echo "DALI did not install; skipping it"
 fi
-data=$root/target/bench-data/photos-$count
-"$py" "$here/make_dataset.py" "$data" "$count" 0 >/dev/null
+large=${2:-}
+if [ "$large" = large ]; then
+  data=$root/target/bench-data/large-$count
+  "$py" "$here/make_dataset.py" "$data" "$count" 0 large >/dev/null
+else
+  data=$root/target/bench-data/photos-$count
+  "$py" "$here/make_dataset.py" "$data" "$count" 0 >/dev/null
+fi
 # Two wick builds: the pure-Rust default and the turbojpeg feature.
 (cd "$root" && cargo build --release -q -p candle-wick --features cli,turbojpeg \
   && cp target/release/wick target/release/wick-turbojpeg \
@@ -36,6 +48,20 @@ wick=$root/target/release/wick
 out=$(mktemp)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >&2
 cd "$here"
+if [ "$large" = large ]; then
+  for transform in train eval; do
+    for output in u8 f32; do
+      "$py" wick_bench.py "$wick" "$data" "$output" "$transform" | tee -a "$out" >&2
+      "$py" wick_bench.py "$wick-turbojpeg" "$data" "$output" "$transform" | tee -a "$out" >&2
+      "$py" tf_data.py "$data" "$output" fixed "$transform" 2>/dev/null | tee -a "$out" >&2
+      if have nvidia.dali; then
+        "$py" dali_cpu.py "$data" "$output" "$transform" 2>/dev/null | tee -a "$out" >&2
+      fi
+    done
+  done
+  "$py" table.py "$out"
+  exit 0
+fi
 for output in u8 f32; do
   "$py" wick_bench.py "$wick" "$data" "$output" | tee -a "$out" >&2
   "$py" wick_bench.py "$wick-turbojpeg" "$data" "$output" | tee -a "$out" >&2

@@ -1,8 +1,10 @@
 """tf.data: RandomResizedCrop-equivalent (sample_distorted_bounding_box with
 decode_and_crop_jpeg, which decodes only the crop window) + flip, batch 64.
 
-usage: python tf_data.py DATA_DIR u8|f32 [fixed|autotune]
+usage: python tf_data.py DATA_DIR u8|f32 [fixed|autotune] [train|eval]
        python tf_data.py DATA_DIR decode
+`eval` is the evaluation transform instead: the full decode, the shorter
+side resized to 256 (bilinear), the central 224 x 224.
 The `decode` mode decodes every full image (libjpeg-turbo inside
 tf.io.decode_image) with no transform, 2 parallel calls: the decode-only
 rate the RRC pipelines are held against.
@@ -16,7 +18,7 @@ import tensorflow as tf  # noqa: E402
 from common import BATCH, MEAN, SIZE, STD, files, report, timed_epochs  # noqa: E402
 
 
-def build(root, output, parallel):
+def build(root, output, parallel, transform="train"):
     paths, labels = zip(*files(root))
     ds = tf.data.Dataset.from_tensor_slices((list(paths), list(labels)))
     mean = tf.constant(MEAN) * 255.0
@@ -42,9 +44,18 @@ def build(root, output, parallel):
             begin, size = crop_window(tf.shape(img))
             return tf.slice(img, begin, size)
 
-        img = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
-        img = tf.image.resize(img, [SIZE, SIZE], method="bilinear")
-        img = tf.image.random_flip_left_right(img)
+        if transform == "eval":
+            img = tf.io.decode_image(raw, channels=3, expand_animations=False)
+            hw = tf.cast(tf.shape(img)[:2], tf.float32)
+            new = tf.cast(tf.round(hw * (256.0 / tf.reduce_min(hw))), tf.int32)
+            img = tf.image.resize(img, new, method="bilinear")
+            top = (new[0] - SIZE) // 2
+            left = (new[1] - SIZE) // 2
+            img = img[top:top + SIZE, left:left + SIZE]
+        else:
+            img = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
+            img = tf.image.resize(img, [SIZE, SIZE], method="bilinear")
+            img = tf.image.random_flip_left_right(img)
         if output == "u8":
             img = tf.cast(tf.clip_by_value(img, 0, 255), tf.uint8)
         else:
@@ -78,13 +89,15 @@ def main():
         report("tf.data decode only (full images, no transform, 2 parallel calls)", "decode", rates)
         return
     parallel = sys.argv[3] if len(sys.argv) > 3 else "fixed"
-    ds = build(root, output, parallel)
+    transform = sys.argv[4] if len(sys.argv) > 4 else "train"
+    ds = build(root, output, parallel, transform)
 
     def epoch(_):
         for images, _labels in ds:
             yield int(images.shape[0])
 
-    report(f"tf.data ({parallel})", output, timed_epochs(epoch))
+    label = output if transform == "train" else f"{output} {transform}"
+    report(f"tf.data ({parallel})", label, timed_epochs(epoch))
 
 
 if __name__ == "__main__":

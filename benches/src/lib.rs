@@ -58,12 +58,31 @@ pub fn photo_like(width: u32, height: u32, seed: u64) -> RgbImage {
 /// a marker file makes later calls free.
 pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
     let dir = root.join(format!("imagenet-like-{count}"));
+    photo_folder(&dir, count, (300..=500, 250..=450), 1_000_000)
+}
+
+/// An ImageFolder of `count` large photo-like JPEGs (quality 90, 4:2:0),
+/// 2-3 MP (1,800..2,200 x 1,150..1,450: COCO and OpenImages originals,
+/// phone photos sized for the web), under `root`. Written once.
+pub fn large_photos(root: &Path, count: usize) -> std::io::Result<PathBuf> {
+    let dir = root.join(format!("large-like-{count}"));
+    photo_folder(&dir, count, (1800..=2200, 1150..=1450), 2_000_000)
+}
+
+/// `count` photo-like JPEGs of sizes drawn from `sizes` in 10 class
+/// folders of `dir`, image `i` drawn from seed `seed + i`.
+fn photo_folder(
+    dir: &Path,
+    count: usize,
+    sizes: (std::ops::RangeInclusive<u32>, std::ops::RangeInclusive<u32>),
+    seed: u64,
+) -> std::io::Result<PathBuf> {
     let marker = dir.join(".complete");
     if marker.exists() {
-        return Ok(dir);
+        return Ok(dir.into());
     }
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        std::fs::remove_dir_all(dir)?;
     }
     for c in 0..10 {
         std::fs::create_dir_all(dir.join(format!("n{c:02}")))?;
@@ -72,8 +91,11 @@ pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
         .into_par_iter()
         .try_for_each(|i| -> std::io::Result<()> {
             let mut rng = ChaCha8Rng::seed_from_u64(i as u64);
-            let (w, h) = (rng.random_range(300..=500), rng.random_range(250..=450));
-            let img = photo_like(w, h, i as u64 + 1_000_000);
+            let (w, h) = (
+                rng.random_range(sizes.0.clone()),
+                rng.random_range(sizes.1.clone()),
+            );
+            let img = photo_like(w, h, i as u64 + seed);
             let path = dir.join(format!("n{:02}/{i:05}.jpg", i % 10));
             let file = std::io::BufWriter::new(std::fs::File::create(path)?);
             JpegEncoder::new_with_quality(file, 90)
@@ -81,7 +103,7 @@ pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
                 .map_err(std::io::Error::other)
         })?;
     std::fs::write(marker, b"")?;
-    Ok(dir)
+    Ok(dir.into())
 }
 
 /// Where benchmark datasets are cached: `target/bench-data` of the workspace.

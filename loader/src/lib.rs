@@ -125,6 +125,8 @@ pub use tune::{Setting, AUTOTUNE};
 #[doc(hidden)]
 pub mod __bench {
     pub use crate::decode::limits::{jpeg_frame, JpegFrame};
+    #[cfg(feature = "turbojpeg")]
+    pub use crate::decode::turbo_whole;
     pub use crate::decode::{decode_rgb_into, JPEG_DECODER};
     pub use crate::layout::{HostLayout, Slot};
     pub use crate::stats::SampleTimes;

@@ -210,6 +210,25 @@ pub(crate) fn decode_for_cache(
         .map(|(w, h)| Size::new(w, h)))
 }
 
+/// The whole JPEG `bytes` at full size by libjpeg-turbo into `out` as
+/// packed RGB8, or `None` where it declines (the large-photo bench times it
+/// beside wick's own decoder).
+#[cfg(feature = "turbojpeg")]
+pub fn turbo_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
+    let frame = limits::jpeg_frame(bytes)?;
+    let (w, h) = (usize::from(frame.width), usize::from(frame.height));
+    let whole = |w: usize, h: usize| {
+        let crop = Crop {
+            left: 0.0,
+            top: 0.0,
+            width: w as f64,
+            height: h as f64,
+        };
+        (crop, false)
+    };
+    turbo::decode_region(bytes, out, (w, h), whole).map(|r| (r.width, r.height))
+}
+
 /// The whole image by wick's own JPEG decoder, or `None` where it declines.
 fn own_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
     let whole = |w, h| {
