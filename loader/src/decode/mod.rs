@@ -323,8 +323,8 @@ mod tests {
 
     /// A decoded cache keeps the pixels of a JPEG whose crops are never
     /// decoded at a reduced scale (smaller than twice the output in an
-    /// axis), and keeps a larger one encoded; without an output size (a
-    /// user map's) it keeps the pixels. Other formats are always decoded.
+    /// axis), and keeps a larger one encoded; without an output size it
+    /// keeps the pixels. Other formats are always decoded.
     #[cfg(not(feature = "turbojpeg"))]
     #[test]
     fn a_decoded_cache_keeps_jpegs_that_scaled_decoding_would_change_encoded() {

@@ -31,7 +31,7 @@ pub(super) fn fill_cache(
             let mut px = Vec::new();
             let limits = shared.decode_limits();
             // Crops of the built-in map's images may be decoded at a
-            // reduced scale; a user map's output size is its own.
+            // reduced scale (a loader with a user map has no cache).
             let out = shared.transform.as_ref().map(|t| t.out_size());
             match crate::decode::decode_for_cache(&record.key, &record.bytes, &mut px, &limits, out)
                 .map_err(|e| (record.key.clone(), e))?
