@@ -488,6 +488,7 @@ mod tests {
     }
 
     /// The peak signal-to-noise ratio of `a` against `b`, in dB.
+    #[cfg(not(feature = "turbojpeg"))]
     fn psnr(a: &[u8], b: &[u8]) -> f64 {
         let se: f64 = a
             .iter()
