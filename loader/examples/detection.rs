@@ -85,15 +85,7 @@ fn detection_map() -> Result<impl Map> {
         }
         let flip = s.rng().random::<f64>() < 0.5;
         let image = s.take::<u8>(image_f)?;
-        let whole = |w: usize, h: usize| {
-            let crop = Crop {
-                left: 0.0,
-                top: 0.0,
-                width: w as f64,
-                height: h as f64,
-            };
-            (crop, flip)
-        };
+        let whole = |w: usize, h: usize| (Crop::whole(w, h), flip);
         let done = resize.decode_into(s.scratch(), key, &record.bytes, whole, Slot::U8(image))?;
         let sx = OUT.width as f32 / done.image.width as f32;
         let sy = OUT.height as f32 / done.image.height as f32;

@@ -50,6 +50,18 @@ pub struct Crop {
     pub height: f64,
 }
 
+impl Crop {
+    /// The whole of a `width x height` image.
+    pub fn whole(width: usize, height: usize) -> Self {
+        Crop {
+            left: 0.0,
+            top: 0.0,
+            width: width as f64,
+            height: height as f64,
+        }
+    }
+}
+
 /// A window of image pixels: columns `x0..x1`, rows `y0..y1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {

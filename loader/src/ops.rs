@@ -131,13 +131,7 @@ impl Resize {
                 (crop, flip)
             } else {
                 outside.set(Some((crop, w, h)));
-                let whole = Crop {
-                    left: 0.0,
-                    top: 0.0,
-                    width: w as f64,
-                    height: h as f64,
-                };
-                (whole, flip)
+                (Crop::whole(w, h), flip)
             }
         };
         let a = self

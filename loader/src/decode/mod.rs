@@ -217,15 +217,7 @@ pub(crate) fn decode_for_cache(
 pub fn turbo_whole(bytes: &[u8], out: &mut Vec<u8>) -> Option<(usize, usize)> {
     let frame = limits::jpeg_frame(bytes)?;
     let (w, h) = (usize::from(frame.width), usize::from(frame.height));
-    let whole = |w: usize, h: usize| {
-        let crop = Crop {
-            left: 0.0,
-            top: 0.0,
-            width: w as f64,
-            height: h as f64,
-        };
-        (crop, false)
-    };
+    let whole = |w: usize, h: usize| (Crop::whole(w, h), false);
     turbo::decode_region(bytes, out, (w, h), whole).map(|r| (r.width, r.height))
 }
 

@@ -265,12 +265,7 @@ fn resize(
             source: None,
         });
     }
-    let whole = Crop {
-        left: 0.0,
-        top: 0.0,
-        width: w as f64,
-        height: h as f64,
-    };
+    let whole = Crop::whole(w, h);
     let mut out = vec![0; nw * nh * 3];
     Resampler::default().resize(&src, whole, (nw, nh), false, &mut out);
     Ok(out)

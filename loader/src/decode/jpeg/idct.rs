@@ -164,6 +164,17 @@ pub(super) fn extent(last: usize) -> (usize, usize) {
     (rows as usize, cols as usize)
 }
 
+/// A block whose only coefficient is the DC term, at any size: `size` rows
+/// of `size` samples of its mean (`BASIS[0][0]^2 = 1/8` of it), `stride`
+/// apart.
+#[inline(always)]
+fn dc_only(coef: &[i16; 64], q: &[f32; 64], size: usize, out: &mut [u8], stride: usize) {
+    let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
+    for row in out.chunks_mut(stride).take(size) {
+        row[..size].fill(v);
+    }
+}
+
 /// Inverse-transforms the quantized coefficients `coef` (natural order)
 /// with multipliers `q` into eight rows of eight samples at `out[0..]`,
 /// `stride` apart. Only the first `rows` rows and `cols` columns of `coef`
@@ -178,12 +189,7 @@ pub(super) fn block<M: Madd>(
     stride: usize,
 ) {
     if rows == 1 && cols == 1 {
-        // BASIS[0][0]^2 = 1/8.
-        let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
-        for row in out.chunks_mut(stride).take(8) {
-            row[..8].fill(v);
-        }
-        return;
+        return dc_only(coef, q, 8, out, stride);
     }
     // Columns: work[y][u] = sum over v of BASIS[v][y] * X[v][u].
     let mut work = [[0f32; 8]; 8];
@@ -268,12 +274,7 @@ impl Reduced {
         let n = self.size;
         let (rows, cols) = (rows.min(n), cols.min(n));
         if rows == 1 && cols == 1 || n == 1 {
-            // The DC term alone: 1/8 of it, as the full transform's.
-            let v = to_u8(coef[0] as f32 * q[0] * 0.125 + 128.0);
-            for row in out.chunks_mut(stride).take(n) {
-                row[..n].fill(v);
-            }
-            return;
+            return dc_only(coef, q, n, out, stride);
         }
         let mut work = [[0f32; 4]; 4];
         for v in 0..rows {

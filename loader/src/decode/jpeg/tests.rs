@@ -101,13 +101,7 @@ fn tiny_images_of_every_size_and_subsampling_decode_as_libjpeg() {
                 #[cfg(feature = "turbojpeg")]
                 {
                     let mut turbo = Vec::new();
-                    let crop = crate::geometry::Crop {
-                        left: 0.0,
-                        top: 0.0,
-                        width: w as f64,
-                        height: h as f64,
-                    };
-                    let all = |_, _| (crop, false);
+                    let all = |_, _| (crate::geometry::Crop::whole(w, h), false);
                     let r = crate::decode::turbo::decode_region(&jpeg, &mut turbo, (w, h), all);
                     assert_eq!(r.map(|r| (r.width, r.height)), Some((w, h)), "{label}");
                     let n = w * h * 3;
