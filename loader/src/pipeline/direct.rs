@@ -123,7 +123,7 @@ impl Inbox {
     /// pumps end for want of a buffer ([`pump`]) and drains give buffers
     /// back, so a buffer that comes back always finds a pump to fill it.
     fn start_pumps(self: &Arc<Self>, shared: &Arc<Shared>, st: &mut State) {
-        if self.cancel.load(Ordering::Relaxed) || st.next >= st.end {
+        if self.cancel.load(Ordering::Relaxed) || st.next >= st.end || st.pumps >= self.most {
             return;
         }
         let free = shared.pool.free_permits();
@@ -303,24 +303,22 @@ impl Inbox {
 
     /// Batch `index` failed in a way that ends the epoch (as the feeder's
     /// `fail`): it is delivered as the epoch's last batch.
+    /// (Its permit was given back already, and the batch is not counted
+    /// as started yet.)
     fn fail(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, e: crate::error::Error) {
+        shared.counters.batch_started();
+        self.end_with(shared, index, e);
+    }
+
+    /// Batch `index`, counted as started, is the error `e` and the
+    /// epoch's last.
+    fn end_with(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, e: crate::error::Error) {
         {
             let mut st = crate::lock(&self.state);
             st.end = st.end.min(index + 1);
         }
-        shared.counters.batch_started();
-        self.arrive_failed(shared, index, e);
-    }
-
-    /// Batch `index` is the error `e` (its permit given back already).
-    fn arrive_failed(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, e: crate::error::Error) {
-        self.arrive(
-            shared,
-            Filled {
-                index,
-                result: Some(Err(e)),
-            },
-        );
+        let result = Some(Err(e));
+        self.arrive(shared, Filled { index, result });
     }
 
     /// A pump ends (under the state's lock, `st`).
@@ -381,7 +379,7 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
             break;
         }
         // The buffer first, then the index: see the module's docs.
-        let buf = match shared.pool.try_acquire() {
+        let mut buf = match shared.pool.try_acquire() {
             Some(Ok(buf)) => buf,
             Some(Err(e)) => {
                 // (Its permit was given back.)
@@ -403,7 +401,6 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
             shared.pool.release(Some(buf));
             break;
         };
-        let mut buf = buf;
         if let Err(e) = buf.wait_writable() {
             shared.pool.release(None);
             inbox.fail(shared, index, e);
@@ -433,11 +430,7 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
                 key: format!("batch {index}"),
                 message: super::panic_message(payload.as_ref()),
             };
-            {
-                let mut st = crate::lock(&inbox.state);
-                st.end = st.end.min(index + 1);
-            }
-            inbox.arrive_failed(shared, index, e);
+            inbox.end_with(shared, index, e);
             break;
         }
     }
