@@ -150,6 +150,38 @@ fn zeroed(dtype: FieldType, len: usize) -> Box<dyn FieldVec> {
 }
 
 /// A new zeroed heap buffer for a batch of `schema`.
+/// Makes glibc keep the memory of freed CPU batches for the next ones
+/// instead of giving it back to the kernel after every few batches.
+///
+/// A CPU batch is fresh memory (it becomes the tensor), freed by the
+/// training loop. glibc gives a heap's free top back to the kernel once
+/// it exceeds twice its mmap threshold, which starts at 128 KiB, so with
+/// batches of a few hundred KiB (a token batch is 131 KiB) the heap
+/// shrinks and regrows all the time and each batch's pages are faulted in
+/// anew: 20 faults a batch took the token loader from 65% to 30% of the
+/// bare copy loop in `cargo bench -p benches --bench maps`. glibc raises
+/// the threshold (and the trim threshold with it, to twice as much) to
+/// the size of any block it had mapped on its own and that is freed,
+/// up to 32 MiB (mallopt(3), "dynamic mmap threshold"), so one such block
+/// of the loader's batch memory, allocated and freed here, does it; any
+/// program that frees a large buffer has the same effect (an image
+/// batch does). Only glibc on Linux; elsewhere nothing.
+pub(crate) fn keep_batch_memory(schema: &Schema, batches: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const MAX: usize = 32 << 20;
+        let bytes = schema.batch_bytes().saturating_mul(batches).min(MAX);
+        if bytes > 128 << 10 {
+            // Never touched, so never faulted in: glibc maps it and unmaps
+            // it on free, which is what moves the thresholds.
+            let block: Vec<u8> = Vec::with_capacity(bytes);
+            drop(std::hint::black_box(block));
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (schema, batches);
+}
+
 pub(crate) fn heap(schema: &Schema) -> HostBuf {
     HostBuf::Heap(
         schema

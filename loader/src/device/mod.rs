@@ -56,6 +56,7 @@ use crate::error::{Error, Result};
 use crate::fields::Schema;
 #[cfg(test)]
 pub(crate) use buffer::heap as heap_buffer;
+pub(crate) use buffer::keep_batch_memory;
 pub(crate) use buffer::HostBuf;
 use candle_core::{Device, Shape, Tensor};
 pub(crate) use normalize::Finish;

@@ -527,6 +527,11 @@ impl LoaderBuilder {
         // CUDA: page-locked buffers for the batches in flight now, more from
         // the same allocator as AUTOTUNE grows, none freed while it tunes.
         let (alloc, keep) = crate::device::buffers(&self.device, schema.clone(), guards);
+        if !keep {
+            // Heap batches: as many as can be in flight and queued at once.
+            let most = |n: usize| n.max(crate::tune::MAX_QUEUE);
+            crate::device::keep_batch_memory(&schema, most(in_flight) + most(prefetch));
+        }
         let shared = Arc::new(Shared {
             pool: Pool::new(in_flight, alloc, keep)?,
             tuner: Tuner::new(auto),
