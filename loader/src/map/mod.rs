@@ -99,6 +99,17 @@ pub trait Map: Send + Sync + 'static {
     /// 0) and every fixed field written completely: the slot may hold an
     /// earlier batch's bytes, not zeros.
     fn map(&self, sample: &mut Sample<'_>) -> Result<()>;
+
+    /// A hint, given while the worker still maps the sample before it:
+    /// sample `index` of `epoch` (for a loader seeded `seed`, as
+    /// [`Sample::seed`]) is the worker's next. A map that reads memory
+    /// itself (a memory-mapped file) can start those loads now, so they
+    /// are in the cache when [`map`](Self::map) copies them. It must not
+    /// fail or block, and what it does cannot change any output. Default:
+    /// nothing.
+    fn prefetch(&self, seed: u64, epoch: u64, index: usize) {
+        let _ = (seed, epoch, index);
+    }
 }
 
 impl std::fmt::Debug for dyn Map {
@@ -177,7 +188,8 @@ pub struct Sample<'a> {
     epoch: u64,
     index: usize,
     seed: u64,
-    out: Vec<Out<'a>>,
+    /// Inline for up to four fields: no allocation a sample.
+    out: smallvec::SmallVec<[Out<'a>; 4]>,
     lens: Vec<Option<usize>>,
     scratch: &'a mut Scratch,
     pub(crate) times: Option<SampleTimes>,

@@ -709,4 +709,90 @@ mod tests {
             assert_eq!(by_path[0], by_path[1], "{policy:?}");
         }
     }
+
+    /// A map that records its prefetch hints and panics in one: every
+    /// direct batch's samples after its first are hinted before they are
+    /// mapped (a pump fills a batch as one run), the hint's panic is
+    /// nobody's error, and the batches are the plain map's.
+    #[test]
+    fn the_map_is_told_each_next_sample_and_a_hint_cannot_fail() {
+        use crate::map::Map;
+        use std::sync::{Arc, Mutex};
+        struct Hinted(Arc<Mutex<Vec<usize>>>);
+        impl Map for Hinted {
+            fn fields(&self) -> Vec<Field> {
+                vec![Field::new("v", FieldType::U32, &[2])]
+            }
+            fn prefetch(&self, _seed: u64, _epoch: u64, index: usize) {
+                crate::lock(&self.0).push(index);
+                assert_ne!(index, 11, "a broken hint");
+            }
+            fn map(&self, s: &mut Sample<'_>) -> crate::Result<()> {
+                let r = s.record();
+                let v = [r.label, u32::from(r.bytes[0])];
+                s.take::<u32>(0)?.copy_from_slice(&v);
+                Ok(())
+            }
+        }
+        let hints = Arc::new(Mutex::new(Vec::new()));
+        let records: Vec<Record> = (0..20u8)
+            .map(|i| Record::encoded(format!("rec{i}"), vec![100 + i], u32::from(i) * 7))
+            .collect();
+        let mut l = Loader::builder(MemorySource::new(records))
+            .map(Hinted(hints.clone()))
+            .batch_size(3)
+            .workers(2)
+            .shuffle(9)
+            .build()
+            .unwrap();
+        force(&l, Some(true));
+        let got: Vec<Got> = l.epoch(0).map(take).collect();
+        let mut plain = loader(2, 2, None);
+        force(&plain, Some(true));
+        assert_eq!(got, plain.epoch(0).map(take).collect::<Vec<_>>());
+        let mut want: Vec<usize> = got
+            .iter()
+            .flat_map(|b| b.as_ref().unwrap().1[1..].to_vec())
+            .collect();
+        let mut hinted = crate::lock(&hints).clone();
+        want.sort_unstable();
+        hinted.sort_unstable();
+        assert_eq!(hinted, want);
+        assert!(want.contains(&11), "the panicking hint was given");
+    }
+
+    /// A direct batch's samples are timed as a run, not one by one: the
+    /// loader still counts every sample and at least the time its map
+    /// took.
+    #[test]
+    fn direct_samples_are_counted_with_their_time() {
+        for direct in [Some(false), Some(true)] {
+            let map = map_fn(
+                vec![Field::new("v", FieldType::U32, &[1])],
+                |s: &mut Sample<'_>| {
+                    std::thread::sleep(Duration::from_micros(200));
+                    s.take::<u32>(0)?[0] = s.record().label;
+                    Ok(())
+                },
+            );
+            let records: Vec<Record> = (0..12u32)
+                .map(|i| Record::encoded(format!("rec{i}"), Vec::new(), i))
+                .collect();
+            let mut l = Loader::builder(MemorySource::new(records))
+                .map(map)
+                .batch_size(4)
+                .workers(2)
+                .build()
+                .unwrap();
+            force(&l, direct);
+            assert_eq!(l.epoch(0).map(|b| b.unwrap().len()).sum::<usize>(), 12);
+            let mean = l
+                .shared
+                .counters
+                .mean_sample_work()
+                .expect("samples counted");
+            assert!(mean >= Duration::from_micros(200), "{direct:?}: {mean:?}");
+            assert_eq!(l.stats().samples, 12, "{direct:?}");
+        }
+    }
 }

@@ -379,10 +379,21 @@ impl Filling {
             return;
         }
         let indices = self.indices();
-        let mut worker = Worker::enter(&self.shared);
+        // A direct batch's samples are cheap: timed as a run.
+        let timed = !matches!(self.to, Handoff::Direct(_));
+        let mut worker = Worker::enter(&self.shared, timed);
+        let map = &*self.shared.map;
         while let Some(mut run) = self.table.claim_run(self.claim) {
-            for mut claim in run.each() {
+            let mut claims = run.each().peekable();
+            while let Some(mut claim) = claims.next() {
                 let j = claim.index();
+                // The run's next sample: the map may start its loads now
+                // (a hint: a panic in it is nobody's error).
+                if let Some(next) = claims.peek() {
+                    let next = indices[next.index()];
+                    let hint = || map.prefetch(self.shared.seed, self.epoch, next);
+                    let _ = catch_unwind(AssertUnwindSafe(hint));
+                }
                 let pre = self.pre.get(j).and_then(|p| crate::lock(p).take());
                 let shared = &self.shared;
                 // `process` catches the sample's own panics; this catches
@@ -408,6 +419,7 @@ impl Filling {
                 });
                 *crate::lock(&self.outcomes[j]) = Some(outcome);
             }
+            drop(claims);
             worker.count();
             if run.release() {
                 // The last sample: nothing is left to claim. The pass and

@@ -73,8 +73,14 @@ pub(super) struct Worker<'a> {
     /// The run's samples, added to the shared counters by [`count`](Self::count).
     tally: SampleTally,
     /// When the previous sample of the run ended: the next one's start
-    /// (one clock read a sample fewer).
+    /// (one clock read a sample fewer). For an untimed run, when the run's
+    /// samples not yet counted began.
     clock: Option<Instant>,
+    /// Whether each sample reads the clock. A direct run of cheap samples
+    /// (a token window's whole work is about a microsecond, and two clock
+    /// reads were 5% of it) is timed as a whole by [`count`](Self::count)
+    /// instead; the trace's per-sample spans need the clock.
+    timed: bool,
     /// Declared before the pass, so it is given back first: a worker let
     /// in by the returned pass then finds it free (no extra scratch made,
     /// no warm one freed as surplus).
@@ -83,24 +89,33 @@ pub(super) struct Worker<'a> {
 }
 
 impl<'a> Worker<'a> {
-    /// Waits for a place in the worker gate.
-    pub(super) fn enter(shared: &'a Shared) -> Self {
+    /// Waits for a place in the worker gate. `timed`: whether each
+    /// sample is timed, or only the run (not when tracing).
+    pub(super) fn enter(shared: &'a Shared, timed: bool) -> Self {
+        let pass = shared.knobs.gate.enter();
+        let timed = timed || shared.trace.is_some();
         Self {
             shared,
             tally: SampleTally::default(),
-            clock: None,
+            clock: (!timed).then(Instant::now),
+            timed,
             scratch: None,
-            _pass: shared.knobs.gate.enter(),
+            _pass: pass,
         }
     }
 
     /// Adds the run's samples to the shared counters: before the run's
     /// samples are released, so a batch's samples are all counted by the
-    /// time it is handed over.
+    /// time it is handed over. An untimed run's time is split between
+    /// reading and the map as the samples timed so far split theirs.
     pub(super) fn count(&mut self) {
-        self.shared
-            .counters
-            .samples(&std::mem::take(&mut self.tally));
+        let counters = &self.shared.counters;
+        if let (false, Some(began)) = (self.timed, self.clock) {
+            let now = Instant::now();
+            self.tally.add_run(now - began, counters.read_share());
+            self.clock = Some(now);
+        }
+        counters.samples(&std::mem::take(&mut self.tally));
     }
 }
 
@@ -118,7 +133,14 @@ pub(super) fn process(
         return Outcome::Cancelled;
     }
     let shared = worker.shared;
-    let start = worker.clock.take().unwrap_or_else(Instant::now);
+    // An untimed sample's clock stands still at the run's start (its
+    // times are zero; `Worker::count` adds the run's).
+    let timed = worker.timed;
+    let start = match worker.clock {
+        Some(t) if !timed => t,
+        _ => worker.clock.take().unwrap_or_else(Instant::now),
+    };
+    let now = || if timed { Instant::now() } else { start };
     let Worker { scratch, tally, .. } = worker;
     let scratch = scratch.get_or_insert_with(|| {
         let k = &shared.knobs;
@@ -140,7 +162,7 @@ pub(super) fn process(
         let (record, read, read_end) = match (cached, pre) {
             (Some(r), _) => {
                 shared.counters.cache_hit();
-                let now = Instant::now();
+                let now = now();
                 (r, now - start, now)
             }
             (None, Some((record, read))) => (record, read, start),
@@ -150,7 +172,7 @@ pub(super) fn process(
                 let read = (index, &*shared.parts, bytes);
                 let record =
                     read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry);
-                let now = Instant::now();
+                let now = now();
                 (record, now - start, now)
             }
         };
@@ -159,7 +181,7 @@ pub(super) fn process(
         let mut t1 = read_end;
         if let (Some(cache), false) = (&shared.cache, hit) {
             record = fill_cache(shared, cache, index, record).map_err(|(k, e)| (Some(k), e))?;
-            t1 = Instant::now();
+            t1 = now();
         }
         let schema = &shared.schema;
         let (lens, times) = {
@@ -177,7 +199,7 @@ pub(super) fn process(
             pad_fields(&record.key, &schema.fields, &lens, &mut slots)
                 .map_err(|e| (Some(record.key.clone()), e))?;
         }
-        let end = Instant::now();
+        let end = now();
         let times = times.unwrap_or_else(|| crate::stats::SampleTimes {
             decode: Duration::ZERO,
             transform: end - t1,
@@ -192,7 +214,9 @@ pub(super) fn process(
         Ok(Ok((_, end))) => *end,
         _ => Instant::now(),
     };
-    worker.clock = Some(end);
+    if timed {
+        worker.clock = Some(end);
+    }
     if let Some(trace) = &shared.trace {
         let lane = LANE_DECODE + rayon::current_thread_index().unwrap_or(0) as u64;
         trace.record("read+map", lane, start, end);

@@ -36,6 +36,18 @@ impl SampleTally {
         self.transform_ns += ns(t.transform);
         self.decoded_bytes += t.decoded_bytes;
     }
+
+    /// Adds a run of samples timed as a whole (`took`), less what they
+    /// timed themselves (a map's own decode and transform times), as
+    /// reading (the share `read_share`) and the map's transform (the
+    /// rest).
+    pub(crate) fn add_run(&mut self, took: Duration, read_share: f64) {
+        let timed = self.read_ns + self.decode_ns + self.transform_ns;
+        let rest = ns(took).saturating_sub(timed);
+        let read = (rest as f64 * read_share.clamp(0.0, 1.0)) as u64;
+        self.read_ns += read;
+        self.transform_ns += rest - read;
+    }
 }
 
 /// Live counters, shared by the loader's threads.
@@ -151,6 +163,17 @@ impl Counters {
         self.decode_ns.fetch_add(t.decode_ns, Relaxed);
         self.transform_ns.fetch_add(t.transform_ns, Relaxed);
         self.decoded_bytes.fetch_add(t.decoded_bytes, Relaxed);
+    }
+
+    /// The share of reading in the samples' time so far (0 before any).
+    pub(crate) fn read_share(&self) -> f64 {
+        let read = self.read_ns.load(Relaxed) as f64;
+        let work = (self.decode_ns.load(Relaxed) + self.transform_ns.load(Relaxed)) as f64;
+        if read + work > 0.0 {
+            read / (read + work)
+        } else {
+            0.0
+        }
     }
 
     /// Mean time of a sample's map so far (decode and transform), if any
@@ -414,6 +437,27 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run timed as a whole adds what its samples did not time
+    /// themselves, split between reading and the map by the given share.
+    #[test]
+    fn a_run_timed_as_a_whole_is_split_by_the_read_share() {
+        let mut t = SampleTally::default();
+        let own = SampleTimes {
+            decode: Duration::from_nanos(20),
+            transform: Duration::from_nanos(10),
+            decoded_bytes: 0,
+        };
+        t.add(Duration::ZERO, &own);
+        t.add(Duration::ZERO, &SampleTimes::default());
+        t.add_run(Duration::from_nanos(130), 0.25);
+        assert_eq!(t.samples, 2);
+        assert_eq!((t.read_ns, t.decode_ns, t.transform_ns), (25, 20, 85));
+        let c = Counters::default();
+        assert_eq!(c.read_share(), 0.0);
+        c.samples(&t);
+        assert!((c.read_share() - 25.0 / 130.0).abs() < 1e-12);
+    }
 
     #[test]
     fn device_copies_count_as_upload_time_when_longer() {
