@@ -16,6 +16,9 @@
 //! cargo bench -p benches --bench large
 //! cargo bench -p benches --bench large --features turbojpeg
 //! ```
+//!
+//! `WICK_BENCH_ONLY=wick` (or `turbo`) runs one decoder's full decode
+//! alone for 10 s, for `perf record`.
 
 use candle_wick::__bench::{decode_rgb_into, HostLayout, ImageTransform, Slot, JPEG_DECODER};
 use candle_wick::{Size, Transforms, IMAGENET_MEAN, IMAGENET_STD};
@@ -81,6 +84,27 @@ fn main() {
     names.extend(pipelines.iter().map(|(n, _)| *n));
     let mut rates = vec![Vec::new(); names.len()];
     let mut px = Vec::new();
+    // For profiling one decoder: `WICK_BENCH_ONLY=wick` (or `turbo`, in a
+    // turbojpeg build) runs only its full decode, for 10 s.
+    let only = std::env::var("WICK_BENCH_ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        let t = Instant::now();
+        let mut n = 0usize;
+        while t.elapsed().as_secs() < 10 {
+            for j in &jpegs {
+                match only.as_str() {
+                    #[cfg(feature = "turbojpeg")]
+                    "turbo" => drop(candle_wick::__bench::turbo_whole(j, &mut px).expect("decode")),
+                    "wick" => drop(decode_rgb_into("large", j, &mut px).expect("decode")),
+                    other => panic!("WICK_BENCH_ONLY={other}: wick or turbo"),
+                }
+                n += 1;
+            }
+        }
+        let rate = n as f64 / t.elapsed().as_secs_f64();
+        println!("large photos, full decode only ({only}): {rate:.1} images/s");
+        return;
+    }
     let mut u8s = vec![0u8; 224 * 224 * 3];
     let mut f32s = vec![0f32; 224 * 224 * 3];
     for round in 0..rounds {

@@ -41,19 +41,21 @@ pub(super) fn baseline<M: idct::Madd>(
                 let stride = g.planes[ci].0;
                 for by in 0..c.v {
                     for bx in 0..c.h {
-                        let last = bits.block(dc, ac, &mut pred[si], &mut coef, inside)?;
-                        if inside {
-                            let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
-                            let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
-                            let plane = &mut s.planes[ci][y * stride + x..];
-                            let (rows, cols) = idct::extent(last);
-                            let q = &quant[c.tq];
-                            match &g.reduced[ci] {
-                                None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
-                                Some(r) => r.block::<M>(&coef, q, rows, cols, plane, stride),
-                            }
-                            coef[..rows * 8].fill(0);
+                        if !inside {
+                            bits.block::<false>(dc, ac, &mut pred[si], &mut coef)?;
+                            continue;
                         }
+                        let last = bits.block::<true>(dc, ac, &mut pred[si], &mut coef)?;
+                        let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
+                        let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
+                        let plane = &mut s.planes[ci][y * stride + x..];
+                        let (rows, cols) = idct::extent(last);
+                        let q = &quant[c.tq];
+                        match &g.reduced[ci] {
+                            None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
+                            Some(r) => r.block::<M>(&coef, q, rows, cols, plane, stride),
+                        }
+                        coef[..rows * 8].fill(0);
                     }
                 }
             }

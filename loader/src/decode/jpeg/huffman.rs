@@ -272,18 +272,20 @@ impl<'a> Bits<'a> {
         }
     }
 
-    /// Decodes one 8x8 block: DC difference into `pred`, and when `store`,
+    /// Decodes one 8x8 block: DC difference into `pred`, and when `STORE`,
     /// the quantized coefficients in natural order into `coef` (which must be
-    /// zero on entry). Returns the zigzag position of the last stored
-    /// coefficient (0: DC only), or `None` for a code the tables do not hold.
+    /// zero on entry). Returns a zigzag position at or after the last
+    /// stored coefficient (0: DC only; past it only after a run of 16
+    /// zeros that ends the block, which encoders do not write), or `None`
+    /// for a code the tables do not hold. (Tracking the last position
+    /// exactly was a store a coefficient.)
     #[inline(always)]
-    pub(super) fn block(
+    pub(super) fn block<const STORE: bool>(
         &mut self,
         dc: &Table,
         ac: &Table,
         pred: &mut i32,
         coef: &mut [i16; 64],
-        store: bool,
     ) -> Option<usize> {
         self.ensure();
         let size = self.symbol(dc)? as u32;
@@ -293,7 +295,6 @@ impl<'a> Bits<'a> {
         let diff = self.receive_extend(size);
         *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
         coef[0] = *pred as i16;
-        let mut last = 0;
         let mut k = 1usize;
         while k < 64 {
             self.ensure();
@@ -304,9 +305,8 @@ impl<'a> Bits<'a> {
                 if k > 63 {
                     return None;
                 }
-                if store {
+                if STORE {
                     coef[ZIGZAG[k] as usize] = (f >> 16) as i16;
-                    last = k;
                 }
                 k += 1;
                 continue;
@@ -325,13 +325,12 @@ impl<'a> Bits<'a> {
                 return None;
             }
             let v = self.receive_extend(size);
-            if store {
+            if STORE {
                 coef[ZIGZAG[k] as usize] = v as i16;
-                last = k;
             }
             k += 1;
         }
-        Some(last)
+        Some(k.min(64) - 1)
     }
 }
 

@@ -40,10 +40,10 @@ pub(crate) struct Scratch {
     /// Progressive JPEGs: each component's coefficients (zigzag order),
     /// block rows down to the window's last.
     coefs: [Vec<i16>; 3],
-    /// Upsampled rows of each component, and the upsampler's sums.
+    /// Upsampled rows of each subsampled component, and the upsampler's
+    /// sums.
     rows: [Vec<u8>; 3],
     sums: Vec<u16>,
-    wide: Vec<u8>,
 }
 
 impl Default for Scratch {
@@ -54,7 +54,6 @@ impl Default for Scratch {
             coefs: Default::default(),
             rows: Default::default(),
             sums: Vec::new(),
-            wide: Vec::new(),
         }
     }
 }
@@ -68,7 +67,6 @@ impl Scratch {
             .map(Vec::capacity)
             .sum::<usize>()
             + self.sums.capacity() * 2
-            + self.wide.capacity()
             + std::mem::size_of::<[Table; 8]>()
     }
 }
