@@ -1,5 +1,5 @@
 //! Large photos on one core: 24 photo-like JPEGs of 2-3 MP (quality 90,
-//! 4:2:0; `benches::large_photos`), each round timing, per image:
+//! 4:4:4 baseline; `benches::large_photos`), each round timing, per image:
 //!
 //! - the full decode by wick's own decoder and, in a build with
 //!   `--features candle-wick/turbojpeg`, by libjpeg-turbo (the anchor of

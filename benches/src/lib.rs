@@ -61,7 +61,9 @@ pub fn imagenet_like(root: &Path, count: usize) -> std::io::Result<PathBuf> {
     photo_folder(&dir, count, (300..=500, 250..=450), 1_000_000)
 }
 
-/// An ImageFolder of `count` large photo-like JPEGs (quality 90, 4:2:0),
+/// An ImageFolder of `count` large photo-like JPEGs (quality 90, 4:4:4:
+/// the `image` crate's encoder does not subsample chroma; the peers'
+/// `make_dataset.py large` writes 4:2:0 ones),
 /// 2-3 MP (1,800..2,200 x 1,150..1,450: COCO and OpenImages originals,
 /// phone photos sized for the web), under `root`. Written once.
 pub fn large_photos(root: &Path, count: usize) -> std::io::Result<PathBuf> {
