@@ -149,7 +149,6 @@ fn zeroed(dtype: FieldType, len: usize) -> Box<dyn FieldVec> {
     }
 }
 
-/// A new zeroed heap buffer for a batch of `schema`.
 /// Makes glibc keep the memory of freed CPU batches for the next ones
 /// instead of giving it back to the kernel after every few batches.
 ///
@@ -182,6 +181,7 @@ pub(crate) fn keep_batch_memory(schema: &Schema, batches: usize) {
     let _ = (schema, batches);
 }
 
+/// A new zeroed heap buffer for a batch of `schema`.
 pub(crate) fn heap(schema: &Schema) -> HostBuf {
     HostBuf::Heap(
         schema

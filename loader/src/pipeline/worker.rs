@@ -136,10 +136,7 @@ pub(super) fn process(
     // An untimed sample's clock stands still at the run's start (its
     // times are zero; `Worker::count` adds the run's).
     let timed = worker.timed;
-    let start = match worker.clock {
-        Some(t) if !timed => t,
-        _ => worker.clock.take().unwrap_or_else(Instant::now),
-    };
+    let start = worker.clock.unwrap_or_else(Instant::now);
     let now = || if timed { Instant::now() } else { start };
     let Worker { scratch, tally, .. } = worker;
     let scratch = scratch.get_or_insert_with(|| {

@@ -216,9 +216,7 @@ impl TokenFile {
         }
         Ok(())
     }
-}
 
-impl TokenFile {
     /// Asks the CPU to start loading tokens `first..first + len` into its
     /// cache (a hint: tokens past the file's end are left out, and
     /// nothing is read or can fault).
@@ -544,33 +542,22 @@ impl Source for TokenSource {
                 // Sized once and written without `fmt`: a key a sample, and
                 // `format!` grew each one and went through the formatter
                 // (a cheap map's samples are dominated by such costs).
-                let name = &self.inner.names[w.file];
-                let mut key = String::with_capacity(name.len() + 21);
-                key.push_str(name);
-                key.push('@');
-                push_decimal(&mut key, w.token);
-                key
+                window_key(&self.inner.names[w.file], w.token)
             }
             _ => format!("window #{index}"),
         }
     }
 }
 
-/// Appends `n` in decimal (as `write!(s, "{n}")`, without the formatter).
-fn push_decimal(s: &mut String, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        s.push(char::from(d));
-    }
+/// `name@token`, sized once and written without the formatter (`itoa`).
+fn window_key(name: &str, token: usize) -> String {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(token);
+    let mut key = String::with_capacity(name.len() + 1 + digits.len());
+    key.push_str(name);
+    key.push('@');
+    key.push_str(digits);
+    key
 }
 
 #[cfg(test)]
@@ -581,8 +568,7 @@ mod tests {
     #[test]
     fn decimal_keys_match_the_formatter() {
         for n in [0, 7, 10, 99, 1024, 4_294_967_296, usize::MAX] {
-            let mut s = String::from("f@");
-            push_decimal(&mut s, n);
+            let s = window_key("f", n);
             assert_eq!(s, format!("f@{n}"));
         }
     }
