@@ -18,10 +18,15 @@
 //! ```
 //!
 //! `WICK_BENCH_ONLY=wick` (or `turbo`) runs one decoder's full decode
-//! alone for 10 s, for `perf record`.
+//! alone for 10 s, for `perf record`; `WICK_BENCH_ONLY="eval f32"` one
+//! pipeline. `WICK_LARGE_DIR=DIR` reads the
+//! photos of `DIR`'s class folders `n00`..`n09` instead (for example the
+//! 4:2:0 set `benches/peers/run.sh COUNT large` writes to
+//! `target/bench-data/large-COUNT`).
 
 use candle_wick::__bench::{decode_rgb_into, HostLayout, ImageTransform, Slot, JPEG_DECODER};
 use candle_wick::{Size, Transforms, IMAGENET_MEAN, IMAGENET_STD};
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 fn quick() -> bool {
@@ -29,7 +34,10 @@ fn quick() -> bool {
 }
 
 fn load(count: usize) -> Vec<Vec<u8>> {
-    let dir = benches::large_photos(&benches::data_root(), count).expect("bench dataset");
+    let dir = match std::env::var_os("WICK_LARGE_DIR") {
+        Some(dir) => dir.into(),
+        None => benches::large_photos(&benches::data_root(), count).expect("bench dataset"),
+    };
     let mut files: Vec<_> = (0..10)
         .flat_map(|c| std::fs::read_dir(dir.join(format!("n{c:02}"))).expect("class folder"))
         .map(|e| e.expect("entry").path())
@@ -63,7 +71,8 @@ fn main() {
     let jpegs = load(count);
     let mb = jpegs.iter().map(Vec::len).sum::<usize>() as f64 / jpegs.len() as f64 / 1e6;
     println!(
-        "large photos: {count} JPEGs, mean {mb:.2} MB; JPEG decoder: {JPEG_DECODER}; one thread"
+        "large photos: {} JPEGs, mean {mb:.2} MB; JPEG decoder: {JPEG_DECODER}; one thread",
+        jpegs.len()
     );
     let float = HostLayout::F32Nchw {
         mean: IMAGENET_MEAN,
@@ -84,29 +93,58 @@ fn main() {
     names.extend(pipelines.iter().map(|(n, _)| *n));
     let mut rates = vec![Vec::new(); names.len()];
     let mut px = Vec::new();
-    // For profiling one decoder: `WICK_BENCH_ONLY=wick` (or `turbo`, in a
-    // turbojpeg build) runs only its full decode, for 10 s.
+    let mut u8s = vec![0u8; 224 * 224 * 3];
+    let mut f32s = vec![0f32; 224 * 224 * 3];
+    // For profiling: `WICK_BENCH_ONLY=wick` (or `turbo`, in a turbojpeg
+    // build) runs only that full decode, and `WICK_BENCH_ONLY="RRC u8"`
+    // (any pipeline's name) only that pipeline, for 10 s. It prints a
+    // digest of the first pass's output, to check that a change to the
+    // decoder keeps its output.
     let only = std::env::var("WICK_BENCH_ONLY").unwrap_or_default();
     if !only.is_empty() {
+        let pipeline = pipelines.iter().find(|(n, _)| *n == only).map(|(_, p)| p);
         let t = Instant::now();
         let mut n = 0usize;
+        let mut digest = std::hash::DefaultHasher::new();
         while t.elapsed().as_secs() < 10 {
-            for j in &jpegs {
-                match only.as_str() {
+            for (i, j) in jpegs.iter().enumerate() {
+                let first = n < jpegs.len();
+                match (only.as_str(), pipeline) {
+                    (_, Some(p)) => {
+                        let slot = if only.ends_with("u8") {
+                            Slot::U8(&mut u8s)
+                        } else {
+                            Slot::F32(&mut f32s)
+                        };
+                        p.apply("large", j, i as u64, i, slot).expect("transform");
+                        if first {
+                            u8s.hash(&mut digest);
+                            f32s.iter().for_each(|v| v.to_bits().hash(&mut digest));
+                        }
+                    }
                     #[cfg(feature = "turbojpeg")]
-                    "turbo" => drop(candle_wick::__bench::turbo_whole(j, &mut px).expect("decode")),
-                    "wick" => drop(decode_rgb_into("large", j, &mut px).expect("decode")),
-                    other => panic!("WICK_BENCH_ONLY={other}: wick or turbo"),
+                    ("turbo", None) => {
+                        let (w, h) = candle_wick::__bench::turbo_whole(j, &mut px).expect("decode");
+                        if first {
+                            px[..w * h * 3].hash(&mut digest);
+                        }
+                    }
+                    ("wick", None) => {
+                        let s = decode_rgb_into("large", j, &mut px).expect("decode");
+                        if first {
+                            px[..s.width * s.height * 3].hash(&mut digest);
+                        }
+                    }
+                    (other, None) => panic!("WICK_BENCH_ONLY={other}: wick, turbo or a pipeline"),
                 }
                 n += 1;
             }
         }
         let rate = n as f64 / t.elapsed().as_secs_f64();
-        println!("large photos, full decode only ({only}): {rate:.1} images/s");
+        let digest = digest.finish();
+        println!("large photos, {only} only: {rate:.1} images/s (output digest {digest:016x})");
         return;
     }
-    let mut u8s = vec![0u8; 224 * 224 * 3];
-    let mut f32s = vec![0f32; 224 * 224 * 3];
     for round in 0..rounds {
         let mut k = 0;
         rates[k].push(rate(&jpegs, |_, j| {

@@ -1,10 +1,13 @@
 //! Huffman tables and the bit reader of a baseline JPEG scan.
 //!
-//! Codes of up to [`FAST_BITS`] bits are found with one table lookup; for AC
-//! tables a second table also holds the run and the value when code and
-//! value bits together fit (stb_image's trick), so most coefficients cost one
-//! lookup. The reader keeps 64 bits buffered and refills 8 bytes at a time
-//! when none of them is 0xFF (no byte stuffing or marker to handle).
+//! Codes of up to [`FAST_BITS`] bits are found with one table lookup. For a
+//! baseline block's AC coefficients a second table gives, with the code's
+//! length, its run, its value's size and both lengths together, so a
+//! coefficient costs one lookup, one shift of the buffer and branch-free
+//! arithmetic for its value: no branch depends on how long the value is
+//! (on a noisy photo such a branch mispredicts often). The reader keeps 64
+//! bits buffered and refills 8 bytes at a time when none of them is 0xFF
+//! (no byte stuffing or marker to handle).
 
 /// Bits looked up at once; longer codes take the slow path.
 const FAST_BITS: u32 = 9;
@@ -22,9 +25,10 @@ pub(super) struct Table {
     /// `length << 8 | symbol` for the code that starts with these
     /// `FAST_BITS` bits, or 0 when that code is longer.
     fast: [u16; FAST_SIZE],
-    /// For AC tables: `value << 16 | run << 8 | bits used` when code and
-    /// value together fit in `FAST_BITS`, else 0.
-    fast_ac: [i32; FAST_SIZE],
+    /// For AC tables: `symbol << 16 | code length << 8 | code length +
+    /// value size` for the code that starts with these `FAST_BITS` bits
+    /// (`symbol` is `run << 4 | size`), or 0 when that code is longer.
+    fast_ac: [u32; FAST_SIZE],
     /// `maxcode[l]`: one past the last code of length `l`, left-aligned to
     /// 16 bits.
     maxcode: [u32; 17],
@@ -80,13 +84,10 @@ impl Table {
         if k != symbols.len() {
             return None;
         }
-        for (i, &e) in self.fast.iter().enumerate() {
+        for (ac, &e) in self.fast_ac.iter_mut().zip(&self.fast) {
             let (len, rs) = ((e >> 8) as u32, (e & 0xFF) as u32);
-            let (run, size) = (rs >> 4, rs & 15);
-            if e != 0 && size != 0 && len + size <= FAST_BITS {
-                let raw = (i as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
-                let value = extend(raw as i32, size);
-                self.fast_ac[i] = value * 65536 + (run << 8 | (len + size)) as i32;
+            if e != 0 {
+                *ac = rs << 16 | len << 8 | (len + (rs & 15));
             }
         }
         self.defined = true;
@@ -300,13 +301,30 @@ impl<'a> Bits<'a> {
             self.ensure();
             let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
             if f != 0 {
-                k += ((f >> 8) & 0xFF) as usize;
-                self.consume((f & 0xFF) as u32);
+                // The value's bits, left-aligned, start after the code.
+                let x = self.buf << ((f >> 8) & 0xFF);
+                self.consume(f & 0xFF);
+                let rs = f >> 16;
+                if rs == 0 {
+                    break;
+                }
+                let size = rs & 15;
+                // The top `size` bits of `x` (none when `size` is 0),
+                // sign-extended as `extend` does: a leading 0 bit means
+                // negative, `raw - (2^size - 1)`.
+                let raw = ((x >> 1) >> (63 - size)) as i32;
+                let negative = !((x as i64 >> 63) as i32);
+                let v = raw + (negative & (1 - (1 << size)));
+                k += (rs >> 4) as usize;
                 if k > 63 {
+                    // A run of 16 zeros past the block's end ends it.
+                    if size == 0 {
+                        break;
+                    }
                     return None;
                 }
                 if STORE {
-                    coef[ZIGZAG[k] as usize] = (f >> 16) as i16;
+                    coef[ZIGZAG[k] as usize] = v as i16;
                 }
                 k += 1;
                 continue;
