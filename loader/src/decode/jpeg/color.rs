@@ -113,47 +113,60 @@ impl Plane<'_> {
     }
 }
 
-/// JFIF YCbCr to packed RGB, in 16-bit fixed point as libjpeg does.
+/// JFIF YCbCr to packed RGB, in 16-bit fixed point exactly as libjpeg's
+/// `ycc_rgb_convert` (`jdcolor.c`) does: with AVX2 16 pixels at a time
+/// (`ycc_avx2`), the rest here.
 #[inline(always)]
 pub(super) fn ycbcr_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
-    const R_CR: i32 = 91_881; // 1.402 * 2^16
-    const G_CB: i32 = 22_554; // 0.344136 * 2^16
-    const G_CR: i32 = 46_802; // 0.714136 * 2^16
-    const B_CB: i32 = 116_130; // 1.772 * 2^16
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2 (detected just above).
+        let k = unsafe { super::ycc_avx2::ycbcr_to_rgb(y, cb, cr, out) };
+        return ycbcr_to_rgb_portable(&y[k..], &cb[k..], &cr[k..], &mut out[k * 3..]);
+    }
+    ycbcr_to_rgb_portable(y, cb, cr, out)
+}
+
+/// [`ycbcr_to_rgb`] in plain Rust.
+#[inline(always)]
+fn ycbcr_to_rgb_portable(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    const R_CR: i32 = 91_881; // FIX(1.40200)
+    const G_CB: i32 = 22_554; // FIX(0.34414)
+    const G_CR: i32 = 46_802; // FIX(0.71414)
+    const B_CB: i32 = 116_130; // FIX(1.77200)
     const HALF: i32 = 1 << 15;
     const N: usize = 16;
-    let convert = |y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]| {
-        for (((rgb, &y), &cb), &cr) in out.chunks_exact_mut(3).zip(y).zip(cb).zip(cr) {
-            let (y, cb, cr) = (y as i32, cb as i32 - 128, cr as i32 - 128);
-            rgb[0] = (y + ((R_CR * cr + HALF) >> 16)).clamp(0, 255) as u8;
-            rgb[1] = (y - ((G_CB * cb + G_CR * cr - HALF) >> 16)).clamp(0, 255) as u8;
-            rgb[2] = (y + ((B_CB * cb + HALF) >> 16)).clamp(0, 255) as u8;
-        }
-    };
+    // libjpeg's rounding: each term is `(c * FIX(k) + ONE_HALF) >> 16`,
+    // green's with both products negated inside the shift.
+    #[inline(always)]
+    fn rgb(y: u8, cb: u8, cr: u8) -> [u8; 3] {
+        let (y, cb, cr) = (y as i32, cb as i32 - 128, cr as i32 - 128);
+        [
+            (y + ((R_CR * cr + HALF) >> 16)).clamp(0, 255) as u8,
+            (y + ((HALF - G_CB * cb - G_CR * cr) >> 16)).clamp(0, 255) as u8,
+            (y + ((B_CB * cb + HALF) >> 16)).clamp(0, 255) as u8,
+        ]
+    }
     // Whole chunks: channels computed as separate arrays (vectorised), then
     // interleaved.
     let chunks = y.len().min(cb.len()).min(cr.len()).min(out.len() / 3) / N;
     for i in 0..chunks {
         let (y, cb, cr) = (&y[i * N..][..N], &cb[i * N..][..N], &cr[i * N..][..N]);
-        let mut r = [0u8; N];
-        let mut g = [0u8; N];
-        let mut b = [0u8; N];
+        let mut px = [[0u8; 3]; N];
         for j in 0..N {
-            let (yy, u, v) = (y[j] as i32, cb[j] as i32 - 128, cr[j] as i32 - 128);
-            r[j] = (yy + ((R_CR * v + HALF) >> 16)).clamp(0, 255) as u8;
-            g[j] = (yy - ((G_CB * u + G_CR * v - HALF) >> 16)).clamp(0, 255) as u8;
-            b[j] = (yy + ((B_CB * u + HALF) >> 16)).clamp(0, 255) as u8;
+            px[j] = rgb(y[j], cb[j], cr[j]);
         }
-        let mut rgb = [0u8; N * 3];
-        for j in 0..N {
-            rgb[3 * j] = r[j];
-            rgb[3 * j + 1] = g[j];
-            rgb[3 * j + 2] = b[j];
-        }
-        out[i * N * 3..][..N * 3].copy_from_slice(&rgb);
+        out[i * N * 3..][..N * 3].copy_from_slice(px.as_flattened());
     }
     let k = chunks * N;
-    convert(&y[k..], &cb[k..], &cr[k..], &mut out[k * 3..]);
+    for (((o, &y), &cb), &cr) in out[k * 3..]
+        .chunks_exact_mut(3)
+        .zip(&y[k..])
+        .zip(&cb[k..])
+        .zip(&cr[k..])
+    {
+        o.copy_from_slice(&rgb(y, cb, cr));
+    }
 }
 
 /// Gray to packed RGB.
@@ -274,6 +287,54 @@ mod tests {
         assert_eq!(row(1), [40; 4], "row 1: 3/4 of row 0, 1/4 of row 1");
         assert_eq!(row(2), [120; 4]);
         assert_eq!(row(3), [160; 4]);
+    }
+
+    /// libjpeg's `ycc_rgb_convert` with its tables (`build_ycc_rgb_table`).
+    fn libjpeg(y: u8, cb: u8, cr: u8) -> [u8; 3] {
+        let fix = |k: f64| (k * 65536.0 + 0.5) as i32;
+        let (y, cb, cr) = (y as i32, cb as i32 - 128, cr as i32 - 128);
+        let r = y + ((fix(1.40200) * cr + (1 << 15)) >> 16);
+        let g = y + ((-fix(0.34414) * cb + (1 << 15) + -fix(0.71414) * cr) >> 16);
+        let b = y + ((fix(1.77200) * cb + (1 << 15)) >> 16);
+        [r, g, b].map(|v| v.clamp(0, 255) as u8)
+    }
+
+    #[test]
+    fn ycbcr_matches_libjpeg_for_every_chroma_pair() {
+        // Every (cb, cr) with luma sweeping its range, in rows of a length
+        // that leaves a tail after the 16-pixel groups, at offsets that
+        // misalign them.
+        let n = 256 * 256;
+        let luma: Vec<u8> = (0..n).map(|i| (i * 37 + i / 256) as u8).collect();
+        let cb: Vec<u8> = (0..n).map(|i| (i / 256) as u8).collect();
+        let cr: Vec<u8> = (0..n).map(|i| i as u8).collect();
+        let want: Vec<u8> = (0..n)
+            .flat_map(|i| libjpeg(luma[i], cb[i], cr[i]))
+            .collect();
+        for start in [0, 5] {
+            let mut fast = vec![0u8; n * 3];
+            let mut portable = vec![0u8; n * 3];
+            for at in (start..n).step_by(1001) {
+                let end = (at + 1001).min(n);
+                ycbcr_to_rgb(
+                    &luma[at..end],
+                    &cb[at..end],
+                    &cr[at..end],
+                    &mut fast[at * 3..],
+                );
+                ycbcr_to_rgb_portable(
+                    &luma[at..end],
+                    &cb[at..end],
+                    &cr[at..end],
+                    &mut portable[at * 3..],
+                );
+            }
+            let s = start * 3;
+            assert!(fast[s..] == want[s..], "dispatched, from {start}");
+            assert!(portable[s..] == want[s..], "portable, from {start}");
+        }
+        // A neutral pixel stays neutral (an earlier rounding made it green).
+        assert_eq!(libjpeg(128, 128, 128), [128; 3]);
     }
 
     #[test]

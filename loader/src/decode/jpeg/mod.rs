@@ -24,6 +24,8 @@ mod huffman;
 mod idct;
 mod markers;
 mod progressive;
+#[cfg(target_arch = "x86_64")]
+mod ycc_avx2;
 
 use crate::decode::limits::MAX_ALLOC;
 use huffman::Table;
