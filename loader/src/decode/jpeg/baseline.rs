@@ -16,7 +16,7 @@ pub(super) fn baseline<M: idct::Madd>(
     s: &mut Scratch,
     g: &Geometry,
 ) -> Option<()> {
-    let quant: [[f32; 64]; 4] = std::array::from_fn(|i| idct::multipliers(&h.quant[i]));
+    let quant: [idct::Quant; 4] = std::array::from_fn(|i| idct::Quant::new(&h.quant[i]));
     let tables = &s.tables;
     let mut bits = Bits::new(data);
     let mut pred = [0i32; 3];
@@ -53,7 +53,7 @@ pub(super) fn baseline<M: idct::Madd>(
                         let q = &quant[c.tq];
                         match &g.reduced[ci] {
                             None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
-                            Some(r) => r.block::<M>(&coef, q, rows, cols, plane, stride),
+                            Some(r) => r.block::<M>(&coef, &q.plain, rows, cols, plane, stride),
                         }
                         coef[..rows * 8].fill(0);
                     }

@@ -124,6 +124,8 @@ pub(super) fn multipliers(zigzag: &[u16; 64]) -> [f32; 64] {
 /// instruction, one rounding), separately elsewhere (where `mul_add` would
 /// be a slow library call).
 pub(super) trait Madd {
+    /// Dense 8x8 blocks take the AVX2 transform (`idct_avx2`).
+    const AVX2: bool = false;
     /// `a * b + c`.
     fn madd(a: f32, b: f32, c: f32) -> f32;
 }
@@ -139,9 +141,25 @@ impl Madd for Separate {
 }
 
 /// `a * b + c` as one fused multiply-add.
+#[cfg(any(target_arch = "aarch64", test))]
 pub(super) struct Fused;
 
+#[cfg(any(target_arch = "aarch64", test))]
 impl Madd for Fused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// [`Fused`], with dense 8x8 blocks on the AVX2 transform: only for code
+/// that runs after checking the CPU has AVX2 and FMA (`decode_avx2`).
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Madd for Avx2 {
+    const AVX2: bool = true;
     #[inline(always)]
     fn madd(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -164,6 +182,12 @@ pub(super) fn extent(last: usize) -> (usize, usize) {
     (rows as usize, cols as usize)
 }
 
+/// Blocks with more leading non-zero rows and columns than this together
+/// take the AAN transform where there is one (its cost does not depend on
+/// them; the matrix form's grows with both).
+#[cfg(target_arch = "x86_64")]
+const DENSE: usize = 4;
+
 /// A block whose only coefficient is the DC term, at any size: `size` rows
 /// of `size` samples of its mean (`BASIS[0][0]^2 = 1/8` of it), `stride`
 /// apart.
@@ -175,6 +199,27 @@ fn dc_only(coef: &[i16; 64], q: &[f32; 64], size: usize, out: &mut [u8], stride:
     }
 }
 
+/// A quantization table's multipliers for each form of the transform.
+pub(super) struct Quant {
+    /// For the matrix form: the table in natural order.
+    pub(super) plain: [f32; 64],
+    /// For the AVX2 AAN form (x86-64).
+    #[cfg(target_arch = "x86_64")]
+    aan: [f32; 64],
+}
+
+impl Quant {
+    /// A DQT table in zigzag order.
+    pub(super) fn new(zigzag: &[u16; 64]) -> Self {
+        let plain = multipliers(zigzag);
+        Quant {
+            #[cfg(target_arch = "x86_64")]
+            aan: super::idct_avx2::multipliers(&plain),
+            plain,
+        }
+    }
+}
+
 /// Inverse-transforms the quantized coefficients `coef` (natural order)
 /// with multipliers `q` into eight rows of eight samples at `out[0..]`,
 /// `stride` apart. Only the first `rows` rows and `cols` columns of `coef`
@@ -182,12 +227,19 @@ fn dc_only(coef: &[i16; 64], q: &[f32; 64], size: usize, out: &mut [u8], stride:
 #[inline(always)]
 pub(super) fn block<M: Madd>(
     coef: &[i16; 64],
-    q: &[f32; 64],
+    q: &Quant,
     rows: usize,
     cols: usize,
     out: &mut [u8],
     stride: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if M::AVX2 && rows + cols > DENSE {
+        // SAFETY: only `Avx2` sets `M::AVX2`, and only `decode_avx2` uses
+        // it, called after checking that the CPU has AVX2 and FMA.
+        return unsafe { super::idct_avx2::block(coef, &q.aan, out, stride) };
+    }
+    let q = &q.plain;
     if rows == 1 && cols == 1 {
         return dc_only(coef, q, 8, out, stride);
     }
@@ -335,7 +387,7 @@ mod tests {
             ((state >> 16) % 61) as i16 - 30
         };
         let quant: [u16; 64] = std::array::from_fn(|k| 1 + (k as u16 % 7));
-        let q = multipliers(&quant);
+        let q = Quant::new(&quant);
         for trial in 0..50 {
             let mut coef = [0i16; 64];
             let mut exact = [0f64; 64];
@@ -358,11 +410,26 @@ mod tests {
             let mut fused = [0u8; 8 * 11];
             block::<Fused>(&coef, &q, rows, cols, &mut fused, 11);
             assert!(out.iter().zip(&fused).all(|(a, b)| a.abs_diff(*b) <= 1));
-            for y in 0..8 {
-                for x in 0..8 {
-                    let w = want[y * 8 + x].round().clamp(0.0, 255.0);
-                    let g = out[y * 11 + x] as f64;
-                    assert!((g - w).abs() <= 1.0, "trial {trial} ({x},{y}): {g} vs {w}");
+            let mut forms = vec![("matrix", out)];
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                let mut aan = [0u8; 8 * 11];
+                // SAFETY: this CPU has AVX2 and FMA (checked just above).
+                unsafe { super::super::idct_avx2::block(&coef, &q.aan, &mut aan, 11) };
+                forms.push(("AAN", aan));
+            }
+            for (form, out) in forms {
+                for y in 0..8 {
+                    for x in 0..8 {
+                        let w = want[y * 8 + x].round().clamp(0.0, 255.0);
+                        let g = out[y * 11 + x] as f64;
+                        assert!(
+                            (g - w).abs() <= 1.0,
+                            "{form}, trial {trial} ({x},{y}): {g} vs {w}"
+                        );
+                    }
                 }
             }
         }
@@ -422,7 +489,7 @@ mod tests {
 
     #[test]
     fn dc_only_blocks_fill_flat() {
-        let q = multipliers(&[2; 64]);
+        let q = Quant::new(&[2; 64]);
         let mut coef = [0i16; 64];
         coef[0] = 40; // 40 * 2 / 8 = +10
         let mut out = [0u8; 64];

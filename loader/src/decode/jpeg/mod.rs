@@ -22,6 +22,8 @@ mod baseline;
 mod color;
 mod huffman;
 mod idct;
+#[cfg(target_arch = "x86_64")]
+mod idct_avx2;
 mod markers;
 mod progressive;
 #[cfg(target_arch = "x86_64")]
@@ -176,7 +178,7 @@ fn decode_avx2(
     out: &mut Vec<u8>,
     choose: impl FnOnce(usize, usize) -> (Window, usize),
 ) -> Option<Window> {
-    decode::<idct::Fused>(bytes, scratch, out, choose)
+    decode::<idct::Avx2>(bytes, scratch, out, choose)
 }
 
 #[inline(always)]

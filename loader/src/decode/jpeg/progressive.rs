@@ -200,7 +200,7 @@ pub(super) fn progressive<M: idct::Madd>(
             None => break,
         }
     }
-    let quant: [[f32; 64]; 4] = std::array::from_fn(|i| idct::multipliers(&h.quant[i]));
+    let quant: [idct::Quant; 4] = std::array::from_fn(|i| idct::Quant::new(&h.quant[i]));
     for (ci, c) in h.comps[..h.ncomp].iter().enumerate() {
         let blocks_x = g.mcus_x * c.h;
         let stride = g.planes[ci].0;
@@ -219,7 +219,7 @@ pub(super) fn progressive<M: idct::Madd>(
                 let plane = &mut s.planes[ci][y * stride + x..];
                 match &g.reduced[ci] {
                     None => idct::block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride),
-                    Some(r) => r.block::<M>(&coef, &quant[c.tq], rows, cols, plane, stride),
+                    Some(r) => r.block::<M>(&coef, &quant[c.tq].plain, rows, cols, plane, stride),
                 }
             }
         }
