@@ -7,7 +7,8 @@ use super::markers::{Header, Scan};
 use super::{idct, Geometry, Scratch};
 
 /// The one scan of a baseline JPEG, down to the window's last MCU row;
-/// only blocks inside the window are inverse-transformed.
+/// only blocks inside the window are inverse-transformed, and restart
+/// intervals without any are skipped undecoded.
 #[inline(always)]
 pub(super) fn baseline<M: idct::Madd>(
     data: &[u8],
@@ -21,19 +22,39 @@ pub(super) fn baseline<M: idct::Madd>(
     let mut bits = Bits::new(data);
     let mut pred = [0i32; 3];
     let mut coef = [0i16; 64];
-    let mut left = h.restart;
-    for mcu_y in 0..g.mcu_y1 {
-        for mcu_x in 0..g.mcus_x {
-            if h.restart > 0 {
-                if left == 0 {
+    let mut left = 0;
+    let total = g.mcu_y1 * g.mcus_x;
+    let (mut mcu_x, mut mcu_y) = (0, 0);
+    while mcu_y < g.mcu_y1 {
+        if h.restart > 0 {
+            if left == 0 {
+                let start = mcu_y * g.mcus_x + mcu_x;
+                if start > 0 {
                     if !bits.restart() {
                         return None;
                     }
                     pred = [0; 3];
-                    left = h.restart;
                 }
-                left -= 1;
+                // An interval none of whose MCUs the window needs is not
+                // decoded: the predictors restart after it, so its data is
+                // skipped to the next marker (or decoding ends, when no MCU
+                // after it is needed either).
+                let end = start + h.restart;
+                if !g.meets(start, end) {
+                    if end >= total {
+                        break;
+                    }
+                    bits.skip_to_restart()?;
+                    mcu_x += h.restart;
+                    mcu_y += mcu_x / g.mcus_x;
+                    mcu_x %= g.mcus_x;
+                    continue;
+                }
+                left = h.restart;
             }
+            left -= 1;
+        }
+        {
             let inside = mcu_y >= g.mcu_y0 && mcu_x >= g.mcu_x0 && mcu_x < g.mcu_x1;
             for (si, &ci) in scan.order[..scan.ns].iter().enumerate() {
                 let c = &h.comps[ci];
@@ -62,6 +83,11 @@ pub(super) fn baseline<M: idct::Madd>(
                     }
                 }
             }
+        }
+        mcu_x += 1;
+        if mcu_x == g.mcus_x {
+            mcu_x = 0;
+            mcu_y += 1;
         }
     }
     bits.intact().then_some(())

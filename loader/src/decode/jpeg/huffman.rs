@@ -247,6 +247,31 @@ impl<'a> Bits<'a> {
         self.pad <= self.n
     }
 
+    /// Skips the entropy-coded data from the reader's position to the next
+    /// restart marker, without decoding it, and stands before the marker
+    /// (for [`Self::restart`]); `None` when the data ends or another
+    /// marker comes first. Only at the start of a restart interval, where
+    /// no bits are buffered.
+    pub(super) fn skip_to_restart(&mut self) -> Option<()> {
+        let mut p = self.pos;
+        loop {
+            p += memchr::memchr(0xFF, self.data.get(p..)?)?;
+            match *self.data.get(p + 1)? {
+                // A stuffed 0xFF data byte, or fill bytes before a marker.
+                0x00 => p += 2,
+                0xFF => p += 1,
+                0xD0..=0xD7 => break,
+                _ => return None,
+            }
+        }
+        self.pos = p;
+        self.buf = 0;
+        self.n = 0;
+        self.pad = 0;
+        self.ended = false;
+        Some(())
+    }
+
     /// Handles a restart marker: drops the buffered bits and steps over
     /// `RSTn`; `false` when the data is not at one.
     pub(super) fn restart(&mut self) -> bool {

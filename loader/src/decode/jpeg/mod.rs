@@ -135,6 +135,26 @@ impl Geometry {
     }
 }
 
+impl Geometry {
+    /// Whether MCUs `start..end` (in raster order, `start < end`) hold any
+    /// the window needs: rows `mcu_y0..mcu_y1`, columns `mcu_x0..mcu_x1`.
+    fn meets(&self, start: usize, end: usize) -> bool {
+        let (ya, xa) = (start / self.mcus_x, start % self.mcus_x);
+        let (yb, xb) = ((end - 1) / self.mcus_x, (end - 1) % self.mcus_x);
+        // Row `y`'s MCUs `x0..=x1`.
+        let row = |y: usize, x0: usize, x1: usize| {
+            (self.mcu_y0..self.mcu_y1).contains(&y) && x0 < self.mcu_x1 && x1 >= self.mcu_x0
+        };
+        if ya == yb {
+            return row(ya, xa, xb);
+        }
+        // The rows strictly between the first and the last are whole.
+        row(ya, xa, self.mcus_x - 1)
+            || row(yb, 0, xb)
+            || (ya + 1).max(self.mcu_y0) < yb.min(self.mcu_y1)
+    }
+}
+
 /// The scales the decoder decodes at: 1 (full), 1/2, 1/4 and 1/8.
 pub(crate) const SCALES: [usize; 4] = [1, 2, 4, 8];
 

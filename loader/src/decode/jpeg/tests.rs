@@ -347,3 +347,34 @@ fn scaled_decodes_are_box_averages_and_windows_agree() {
     eprintln!("worst mean difference from the box average: {worst_mean:?}");
     assert!(worst_mean.0 <= 3.0, "{worst_mean:?}");
 }
+
+/// `Geometry::meets` against a walk over every MCU of the interval, for
+/// every interval start and length on a small grid and several windows.
+#[test]
+fn restart_intervals_meet_the_window_as_their_mcus_do() {
+    for (x0, x1, y0, y1) in [(0, 5, 0, 4), (2, 3, 1, 3), (0, 1, 3, 4), (4, 5, 0, 1)] {
+        let g = Geometry {
+            mcus_x: 5,
+            mcu_x0: x0,
+            mcu_x1: x1,
+            mcu_y0: y0,
+            mcu_y1: y1,
+            planes: [(0, 0); 3],
+            block: [8; 3],
+            reduced: [None, None, None],
+            width: 40,
+            height: 32,
+        };
+        for start in 0..30 {
+            for len in 1..14 {
+                let want = (start..start + len)
+                    .any(|i| (y0..y1).contains(&(i / 5)) && (x0..x1).contains(&(i % 5)));
+                assert_eq!(
+                    g.meets(start, start + len),
+                    want,
+                    "{start}+{len} {x0}..{x1} {y0}..{y1}"
+                );
+            }
+        }
+    }
+}
