@@ -2,9 +2,10 @@
 //! image, for crops (tf.image.decode_and_crop_jpeg's idea).
 //!
 //! The entropy-coded data is sequential, so every block above and beside
-//! the window is still Huffman-decoded, but only blocks inside it are
-//! inverse-transformed and colour-converted, and decoding stops after the
-//! last block row the window needs. All buffers live in a per-thread
+//! the window is still Huffman-decoded (except, in a baseline scan, whole
+//! restart intervals the window does not touch, skipped to their marker),
+//! but only blocks inside it are inverse-transformed and colour-converted,
+//! and decoding stops after the last block row the window needs. All buffers live in a per-thread
 //! [`Scratch`], so a steady stream of images allocates nothing.
 //!
 //! Progressive JPEGs keep every scan's coefficients for the block rows down
