@@ -54,33 +54,31 @@ pub(super) fn baseline<M: idct::Madd>(
             }
             left -= 1;
         }
-        {
-            let inside = mcu_y >= g.mcu_y0 && mcu_x >= g.mcu_x0 && mcu_x < g.mcu_x1;
-            for (si, &ci) in scan.order[..scan.ns].iter().enumerate() {
-                let c = &h.comps[ci];
-                let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
-                let stride = g.planes[ci].0;
-                for by in 0..c.v {
-                    for bx in 0..c.h {
-                        if !inside {
-                            bits.block::<false>(dc, ac, &mut pred[si], &mut coef)?;
-                            continue;
-                        }
-                        let last = bits.block::<true>(dc, ac, &mut pred[si], &mut coef)?;
-                        let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
-                        let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
-                        let plane = &mut s.planes[ci][y * stride + x..];
-                        let (rows, cols) = idct::extent(last);
-                        let q = &quant[c.tq];
-                        match &g.reduced[ci] {
-                            None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
-                            Some(r) => r.block::<M>(&coef, &q.plain, rows, cols, plane, stride),
-                        }
-                        // All of it: a fixed size is four vector stores, a
-                        // variable one (its first `rows` rows) a memset call
-                        // that was 2-5% of a scaled decode.
-                        coef = [0; 64];
+        let inside = mcu_y >= g.mcu_y0 && mcu_x >= g.mcu_x0 && mcu_x < g.mcu_x1;
+        for (si, &ci) in scan.order[..scan.ns].iter().enumerate() {
+            let c = &h.comps[ci];
+            let (dc, ac) = (&tables[c.td], &tables[4 + c.ta]);
+            let stride = g.planes[ci].0;
+            for by in 0..c.v {
+                for bx in 0..c.h {
+                    if !inside {
+                        bits.block::<false>(dc, ac, &mut pred[si], &mut coef)?;
+                        continue;
                     }
+                    let last = bits.block::<true>(dc, ac, &mut pred[si], &mut coef)?;
+                    let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
+                    let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
+                    let plane = &mut s.planes[ci][y * stride + x..];
+                    let (rows, cols) = idct::extent(last);
+                    let q = &quant[c.tq];
+                    match &g.reduced[ci] {
+                        None => idct::block::<M>(&coef, q, rows, cols, plane, stride),
+                        Some(r) => r.block::<M>(&coef, &q.plain, rows, cols, plane, stride),
+                    }
+                    // All of it: a fixed size is four vector stores, a
+                    // variable one (its first `rows` rows) a memset call
+                    // that was 2-5% of a scaled decode.
+                    coef = [0; 64];
                 }
             }
         }

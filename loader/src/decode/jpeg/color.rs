@@ -147,8 +147,7 @@ fn ycbcr_to_rgb_portable(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
             (y + ((B_CB * cb + HALF) >> 16)).clamp(0, 255) as u8,
         ]
     }
-    // Whole chunks: channels computed as separate arrays (vectorised), then
-    // interleaved.
+    // Whole chunks of pixels at a time (vectorised), then the rest.
     let chunks = y.len().min(cb.len()).min(cr.len()).min(out.len() / 3) / N;
     for i in 0..chunks {
         let (y, cb, cr) = (&y[i * N..][..N], &cb[i * N..][..N], &cr[i * N..][..N]);

@@ -249,10 +249,11 @@ impl<'a> Bits<'a> {
 
     /// Skips the entropy-coded data from the reader's position to the next
     /// restart marker, without decoding it, and stands before the marker
-    /// (for [`Self::restart`]); `None` when the data ends or another
-    /// marker comes first. Only at the start of a restart interval, where
-    /// no bits are buffered.
+    /// (for [`Self::restart`], which resets the buffer); `None` when the
+    /// data ends or another marker comes first. Only at the start of a
+    /// restart interval, where no bits are buffered.
     pub(super) fn skip_to_restart(&mut self) -> Option<()> {
+        debug_assert_eq!(self.n, 0, "skipping with bits buffered");
         let mut p = self.pos;
         loop {
             p += memchr::memchr(0xFF, self.data.get(p..)?)?;
@@ -265,10 +266,6 @@ impl<'a> Bits<'a> {
             }
         }
         self.pos = p;
-        self.buf = 0;
-        self.n = 0;
-        self.pad = 0;
-        self.ended = false;
         Some(())
     }
 

@@ -5,8 +5,9 @@
 //! the window is still Huffman-decoded (except, in a baseline scan, whole
 //! restart intervals the window does not touch, skipped to their marker),
 //! but only blocks inside it are inverse-transformed and colour-converted,
-//! and decoding stops after the last block row the window needs. All buffers live in a per-thread
-//! [`Scratch`], so a steady stream of images allocates nothing.
+//! and decoding stops after the last block row the window needs. All
+//! buffers live in a per-thread [`Scratch`], so a steady stream of images
+//! allocates nothing.
 //!
 //! Progressive JPEGs keep every scan's coefficients for the block rows down
 //! to the window's last, skip the rest of each scan to its end marker, and
@@ -134,9 +135,7 @@ impl Geometry {
             height: h.height.div_ceil(scale),
         }
     }
-}
 
-impl Geometry {
     /// Whether MCUs `start..end` (in raster order, `start < end`) hold any
     /// the window needs: rows `mcu_y0..mcu_y1`, columns `mcu_x0..mcu_x1`.
     fn meets(&self, start: usize, end: usize) -> bool {
