@@ -6,6 +6,10 @@ use super::huffman::Bits;
 use super::markers::{Header, Scan};
 use super::{idct, Geometry, Scratch};
 
+/// Blocks with skipped coefficients from which a scan's AC tables get their
+/// skip entries: about where building them costs less than it saves.
+const SKIP_TABLE_BLOCKS: usize = 4096;
+
 /// The one scan of a baseline JPEG, down to the window's last MCU row;
 /// only blocks inside the window are inverse-transformed, and restart
 /// intervals without any are skipped undecoded.
@@ -18,7 +22,35 @@ pub(super) fn baseline<M: idct::Madd>(
     g: &Geometry,
 ) -> Option<()> {
     let quant: [idct::Quant; 4] = std::array::from_fn(|i| idct::Quant::new(&h.quant[i]));
+    // Skip entries pay for their building (a few microseconds a table)
+    // only where thousands of blocks have coefficients skipped: outside the
+    // window, or anywhere at a reduced scale.
+    let (mcus, window) = (
+        g.mcu_y1 * g.mcus_x,
+        (g.mcu_y1 - g.mcu_y0) * (g.mcu_x1 - g.mcu_x0),
+    );
+    let scanned = &scan.order[..scan.ns];
+    let skipped: usize = scanned
+        .iter()
+        .map(|&ci| {
+            let c = &h.comps[ci];
+            c.h * c.v
+                * if g.reduced[ci].is_some() {
+                    mcus
+                } else {
+                    mcus - window
+                }
+        })
+        .sum();
+    if skipped >= SKIP_TABLE_BLOCKS {
+        for &ci in scanned {
+            s.tables[4 + h.comps[ci].ta].prepare_skip();
+        }
+    }
     let tables = &s.tables;
+    // The coefficients each component's transform reads: the rest of a
+    // block is skipped, not stored.
+    let kmax: [usize; 3] = std::array::from_fn(|i| g.reduced[i].as_ref().map_or(63, |r| r.kmax));
     let mut bits = Bits::new(data);
     let mut pred = [0i32; 3];
     let mut coef = [0i16; 64];
@@ -62,10 +94,10 @@ pub(super) fn baseline<M: idct::Madd>(
             for by in 0..c.v {
                 for bx in 0..c.h {
                     if !inside {
-                        bits.block::<false>(dc, ac, &mut pred[si], &mut coef)?;
+                        bits.block::<false>(dc, ac, &mut pred[si], &mut coef, 0)?;
                         continue;
                     }
-                    let last = bits.block::<true>(dc, ac, &mut pred[si], &mut coef)?;
+                    let last = bits.block::<true>(dc, ac, &mut pred[si], &mut coef, kmax[ci])?;
                     let x = ((mcu_x - g.mcu_x0) * c.h + bx) * g.block[ci];
                     let y = ((mcu_y - g.mcu_y0) * c.v + by) * g.block[ci];
                     let plane = &mut s.planes[ci][y * stride + x..];

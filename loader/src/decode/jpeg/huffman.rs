@@ -13,6 +13,13 @@
 const FAST_BITS: u32 = 9;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
+/// Bits looked up at once when AC coefficients are skipped, not stored:
+/// every whole code and value in them is stepped over together.
+const SKIP_BITS: u32 = 12;
+const SKIP_SIZE: usize = 1 << SKIP_BITS;
+/// A skip entry's flag: its last code is an end of block.
+const SKIP_EOB: usize = 1 << 11;
+
 /// Natural (row-major) index of the coefficient at each zigzag position.
 pub(super) const ZIGZAG: [u8; 64] = [
     0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20,
@@ -29,6 +36,18 @@ pub(super) struct Table {
     /// value size` for the code that starts with these `FAST_BITS` bits
     /// (`symbol` is `run << 4 | size`), or 0 when that code is longer.
     fast_ac: [u32; FAST_SIZE],
+    /// For AC tables, once [`Self::prepare_skip`] has run (`skip_ready`):
+    /// the codes and values that lie whole in these `SKIP_BITS` bits, decoded in turn up to an end of block or a run that
+    /// would pass the block's end: `bits | need << 4 | eob << 11`, where
+    /// `bits` is their length, `eob` says the last is an end of block and
+    /// `need` is the coefficients they step over plus `eob` (they belong to
+    /// the current block when it has that many positions left). 0 when the
+    /// first code and value do not fit.
+    skip: Box<[u16; SKIP_SIZE]>,
+    skip_ready: bool,
+    /// The DHT segment (counts and symbols) the tables were built from, so
+    /// that the same one in the next image is not built again.
+    source: Vec<u8>,
     /// `maxcode[l]`: one past the last code of length `l`, left-aligned to
     /// 16 bits.
     maxcode: [u32; 17],
@@ -44,6 +63,9 @@ impl Table {
         Table {
             fast: [0; FAST_SIZE],
             fast_ac: [0; FAST_SIZE],
+            skip: Box::new([0; SKIP_SIZE]),
+            skip_ready: false,
+            source: Vec::new(),
             maxcode: [0; 17],
             delta: [0; 17],
             symbols: [0; 256],
@@ -52,11 +74,22 @@ impl Table {
     }
 
     /// Builds the table from a DHT's 16 code counts and its symbols; `None`
-    /// when the counts do not describe a prefix code.
+    /// when the counts do not describe a prefix code. The same table as the
+    /// one built last is kept, skip entries included (photos from one
+    /// encoder share their tables).
     pub(super) fn build(&mut self, counts: &[u8], symbols: &[u8]) -> Option<()> {
         if counts.len() != 16 || symbols.len() > 256 {
             return None;
         }
+        if self.source.len() == counts.len() + symbols.len()
+            && self.source[..16] == *counts
+            && self.source[16..] == *symbols
+        {
+            self.defined = true;
+            return Some(());
+        }
+        self.source.clear();
+        self.skip_ready = false;
         self.fast.fill(0);
         self.fast_ac.fill(0);
         self.symbols[..symbols.len()].copy_from_slice(symbols);
@@ -90,8 +123,73 @@ impl Table {
                 *ac = rs << 16 | len << 8 | (len + (rs & 15));
             }
         }
+        self.source.extend_from_slice(counts);
+        self.source.extend_from_slice(symbols);
         self.defined = true;
         Some(())
+    }
+
+    /// Builds the skip entries of an AC table, if not built yet (a few
+    /// microseconds: worth it when many blocks are skipped).
+    pub(super) fn prepare_skip(&mut self) {
+        if !self.skip_ready && self.defined {
+            let mut counts = [0u8; 16];
+            counts.copy_from_slice(&self.source[..16]);
+            self.build_skip(&counts);
+            self.skip_ready = true;
+        }
+    }
+
+    /// Fills `skip` (see there) from the DHT's counts. Only end of block
+    /// and runs of 16 zeros are taken among the symbols without a value:
+    /// any other is left to the one-code path, which judges it.
+    ///
+    /// Built width by width: the entries of `w` bits that start with a
+    /// code and value of `t` bits are that code joined to the entries of
+    /// the `w - t` bits after it, a copy over a slice per code and value
+    /// (a few microseconds, against tens for decoding each entry's codes).
+    fn build_skip(&mut self, counts: &[u8]) {
+        // The entries for `w < SKIP_BITS` bits, at `(1 << w) - 1`.
+        let mut narrow = [0u16; SKIP_SIZE];
+        for w in 1..=SKIP_BITS {
+            let (lower, rest) = narrow.split_at_mut((1 << w) - 1);
+            let out: &mut [u16] = if w == SKIP_BITS {
+                &mut self.skip[..]
+            } else {
+                &mut rest[..1 << w]
+            };
+            out.fill(0);
+            let (mut code, mut k) = (0usize, 0usize);
+            for len in 1..=w {
+                for _ in 0..counts[len as usize - 1] {
+                    let rs = self.symbols[k] as u32;
+                    let (run, size) = (rs >> 4, rs & 15);
+                    let t = len + size;
+                    let start = code << (w - len);
+                    if rs == 0 {
+                        out[start..start + (1 << (w - len))]
+                            .fill((len | 1 << 4) as u16 | SKIP_EOB as u16);
+                    } else if t <= w && (size != 0 || run == 15) {
+                        let first = (t | (run + 1) << 4) as u16;
+                        let after = &lower[(1 << (w - t)) - 1..][..1 << (w - t)];
+                        for (i, &e) in out[start..start + (1 << (w - len))]
+                            .iter_mut()
+                            .zip(after.iter().cycle())
+                        {
+                            let need = (run + 1) as u16 + (e >> 4 & 0x7F);
+                            *i = if e == 0 || need > 64 {
+                                first
+                            } else {
+                                (t as u16 + (e & 15)) | need << 4 | (e & SKIP_EOB as u16)
+                            };
+                        }
+                    }
+                    code += 1;
+                    k += 1;
+                }
+                code <<= 1;
+            }
+        }
     }
 }
 
@@ -297,10 +395,11 @@ impl<'a> Bits<'a> {
 
     /// Decodes one 8x8 block: DC difference into `pred`, and when `STORE`,
     /// the quantized coefficients in natural order into `coef` (which must be
-    /// zero on entry). Returns a zigzag position at or after the last
-    /// stored coefficient (0: DC only; past it only after a run of 16
-    /// zeros that ends the block, which encoders do not write), or `None`
-    /// for a code the tables do not hold. (Tracking the last position
+    /// zero on entry) up to zigzag position `kmax` at least (the rest are
+    /// skipped, several codes to a lookup). Returns a zigzag position at or
+    /// after the last stored coefficient (0: DC only; past it only after a
+    /// run of 16 zeros that ends the block, which encoders do not write), or
+    /// `None` for a code the tables do not hold. (Tracking the last position
     /// exactly was a store a coefficient.)
     #[inline(always)]
     pub(super) fn block<const STORE: bool>(
@@ -309,6 +408,7 @@ impl<'a> Bits<'a> {
         ac: &Table,
         pred: &mut i32,
         coef: &mut [i16; 64],
+        kmax: usize,
     ) -> Option<usize> {
         self.ensure();
         let size = self.symbol(dc)? as u32;
@@ -319,58 +419,112 @@ impl<'a> Bits<'a> {
         *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
         coef[0] = *pred as i16;
         let mut k = 1usize;
-        while k < 64 {
-            self.ensure();
-            let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
-            if f != 0 {
-                // The value's bits, left-aligned, start after the code.
-                let x = self.buf << ((f >> 8) & 0xFF);
-                self.consume(f & 0xFF);
-                let rs = f >> 16;
-                if rs == 0 {
-                    break;
-                }
-                let size = rs & 15;
-                // The top `size` bits of `x` (none when `size` is 0),
-                // sign-extended as `extend` does: a leading 0 bit means
-                // negative, `raw - (2^size - 1)`.
-                let raw = ((x >> 1) >> (63 - size)) as i32;
-                let negative = !((x as i64 >> 63) as i32);
-                let v = raw + (negative & (1 - (1 << size)));
-                k += (rs >> 4) as usize;
-                if k > 63 {
-                    // A run of 16 zeros past the block's end ends it.
-                    if size == 0 {
-                        break;
-                    }
-                    return None;
-                }
-                if STORE {
-                    coef[ZIGZAG[k] as usize] = v as i16;
-                }
-                k += 1;
-                continue;
+        while k <= kmax {
+            if !self.coefficient::<STORE>(ac, &mut k, coef)? {
+                return Some(k.min(64) - 1);
             }
-            let rs = self.symbol(ac)? as u32;
-            let (run, size) = ((rs >> 4) as usize, rs & 15);
-            if size == 0 {
-                if run != 15 {
-                    break;
-                }
-                k += 16;
-                continue;
-            }
-            k += run;
-            if k > 63 {
-                return None;
-            }
-            let v = self.receive_extend(size);
-            if STORE {
-                coef[ZIGZAG[k] as usize] = v as i16;
-            }
-            k += 1;
+        }
+        if k < 64 {
+            self.skip_rest(ac, k)?;
         }
         Some(k.min(64) - 1)
+    }
+
+    /// Steps over the rest of a block's AC coefficients, from zigzag
+    /// position `k`: several codes to a lookup once the table's skip
+    /// entries are built. Not inlined: kept out of the stored path's loop.
+    #[inline(never)]
+    fn skip_rest(&mut self, ac: &Table, mut k: usize) -> Option<()> {
+        let mut unused = [0i16; 64];
+        if !ac.skip_ready {
+            while k < 64 && self.coefficient::<false>(ac, &mut k, &mut unused)? {}
+            return Some(());
+        }
+        'block: while k < 64 {
+            self.ensure();
+            // Two lookups to a refill check: 32 buffered bits hold both.
+            for _ in 0..2 {
+                let e = ac.skip[(self.buf >> (64 - SKIP_BITS)) as usize] as usize;
+                let need = e >> 4 & 0x7F;
+                if e == 0 || k + need > 64 {
+                    if !self.coefficient::<false>(ac, &mut k, &mut unused)? {
+                        break 'block;
+                    }
+                    continue 'block;
+                }
+                self.consume((e & 15) as u32);
+                if e & SKIP_EOB != 0 {
+                    break 'block;
+                }
+                k += need;
+                if k == 64 {
+                    break 'block;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Decodes one AC code and its value at zigzag position `k` (stored in
+    /// `coef` when `STORE`) and moves `k` past it; `Some(false)` at the end
+    /// of the block.
+    #[inline(always)]
+    fn coefficient<const STORE: bool>(
+        &mut self,
+        ac: &Table,
+        k: &mut usize,
+        coef: &mut [i16; 64],
+    ) -> Option<bool> {
+        self.ensure();
+        let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
+        if f != 0 {
+            // The value's bits, left-aligned, start after the code.
+            let x = self.buf << ((f >> 8) & 0xFF);
+            self.consume(f & 0xFF);
+            let rs = f >> 16;
+            if rs == 0 {
+                return Some(false);
+            }
+            let size = rs & 15;
+            // The top `size` bits of `x` (none when `size` is 0),
+            // sign-extended as `extend` does: a leading 0 bit means
+            // negative, `raw - (2^size - 1)`.
+            let raw = ((x >> 1) >> (63 - size)) as i32;
+            let negative = !((x as i64 >> 63) as i32);
+            let v = raw + (negative & (1 - (1 << size)));
+            *k += (rs >> 4) as usize;
+            if *k > 63 {
+                // A run of 16 zeros past the block's end ends it.
+                if size == 0 {
+                    return Some(false);
+                }
+                return None;
+            }
+            if STORE {
+                coef[ZIGZAG[*k] as usize] = v as i16;
+            }
+            *k += 1;
+            return Some(true);
+        }
+        let rs = self.symbol(ac)? as u32;
+        let (run, size) = ((rs >> 4) as usize, rs & 15);
+        if size == 0 {
+            if run != 15 {
+                return Some(false);
+            }
+            *k += 16;
+            return Some(true);
+        }
+        *k += run;
+        if *k > 63 {
+            return None;
+        }
+        let v = self.receive_extend(size);
+        if STORE {
+            coef[ZIGZAG[*k] as usize] = v as i16;
+        }
+        *k += 1;
+        Some(true)
     }
 }
 
@@ -420,6 +574,86 @@ mod tests {
         assert_eq!(bits.symbol(&t), Some(7));
         assert_eq!(bits.receive_extend(8), 255);
         assert!(bits.intact());
+    }
+
+    /// Table K.5's code lengths (the standard luminance AC table) over all
+    /// 162 AC symbols, the shorter codes to the smaller runs and sizes.
+    fn ac_table() -> Table {
+        let counts = [0u8, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 0x7d];
+        let mut symbols: Vec<u8> = (0..16u8)
+            .flat_map(|run| (1..=10u8).map(move |size| run << 4 | size))
+            .collect();
+        symbols.sort_by_key(|&rs| (rs >> 4) + (rs & 15));
+        // End of block a 5-bit code, so random bits make long blocks too.
+        symbols.insert(8, 0x00);
+        symbols.insert(30, 0xF0);
+        let mut t = Table::empty();
+        t.build(&counts, &symbols).unwrap();
+        t
+    }
+
+    /// Bits consumed so far (the data holds no 0xFF byte).
+    fn consumed(b: &Bits) -> u32 {
+        8 * b.pos as u32 + b.pad - b.n
+    }
+
+    /// Skipping a block's coefficients several codes at a time reads the
+    /// same bits, and ends blocks and fails where decoding them one at a
+    /// time does: blocks from random bits (every kind of code, runs past
+    /// the block's end, long codes), skipped whole or past 4, 24 or 63.
+    #[test]
+    fn skipped_coefficients_read_what_stored_ones_do() {
+        let mut dc = Table::empty();
+        let dc_counts = [0u8, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0];
+        dc.build(&dc_counts, &(0..12).collect::<Vec<u8>>()).unwrap();
+        let mut ac = ac_table();
+        ac.prepare_skip();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let (mut blocks, mut failed) = (0, 0);
+        for _ in 0..300 {
+            let data: Vec<u8> = (0..300)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed >> 32) as u8 & 0xFE
+                })
+                .collect();
+            for kmax in [0usize, 4, 24, 63] {
+                let (mut one, mut skip) = (Bits::new(&data), Bits::new(&data));
+                let (mut p1, mut p2) = (0, 0);
+                while !one.ended {
+                    let (mut c1, mut c2) = ([0i16; 64], [0i16; 64]);
+                    let r1 = one.block::<true>(&dc, &ac, &mut p1, &mut c1, 63);
+                    let r2 = match kmax {
+                        0 => skip.block::<false>(&dc, &ac, &mut p2, &mut c2, 0),
+                        _ => skip.block::<true>(&dc, &ac, &mut p2, &mut c2, kmax),
+                    };
+                    assert_eq!(r1.is_some(), r2.is_some(), "kmax {kmax}");
+                    let Some(last) = r2 else {
+                        failed += 1;
+                        break;
+                    };
+                    blocks += 1;
+                    assert_eq!(consumed(&one), consumed(&skip), "kmax {kmax}");
+                    assert_eq!(p1, p2);
+                    if kmax > 0 {
+                        for &n in &ZIGZAG[..=kmax] {
+                            assert_eq!(c1[n as usize], c2[n as usize], "kmax {kmax}");
+                        }
+                        // Nothing is stored after the position returned.
+                        for (z, &n) in ZIGZAG.iter().enumerate().skip(last + 1) {
+                            assert_eq!(c2[n as usize], 0, "kmax {kmax}: {z} after {last}");
+                        }
+                    }
+                }
+            }
+        }
+        // Both kinds of ending were met, many times.
+        assert!(
+            blocks > 5_000 && failed > 500,
+            "{blocks} blocks, {failed} failed"
+        );
     }
 
     #[test]

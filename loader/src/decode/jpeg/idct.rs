@@ -284,6 +284,8 @@ pub(super) fn block<M: Madd>(
 /// average would alias).
 pub(super) struct Reduced {
     size: usize,
+    /// The last zigzag position of the coefficients it reads.
+    pub(super) kmax: usize,
     /// `basis[k][y]`, for `k, y < size`.
     basis: [[f32; 4]; 4],
 }
@@ -308,7 +310,14 @@ impl Reduced {
                 *b = (c / 2.0 * phase.cos() * mean) as f32;
             }
         }
-        Self { size, basis }
+        let kmax = (0..64)
+            .filter(|&k| {
+                let n = ZIGZAG[k] as usize;
+                n / 8 < size && n % 8 < size
+            })
+            .max()
+            .unwrap_or(0);
+        Self { size, kmax, basis }
     }
 
     /// Inverse-transforms `coef` (as [`block`]) into `size` rows of `size`

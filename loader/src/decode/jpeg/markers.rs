@@ -261,7 +261,7 @@ impl Header {
 /// restart marker: where the scan after a partly decoded one resumes.
 pub(super) fn skip_to_marker(bytes: &[u8], mut pos: usize) -> Option<usize> {
     loop {
-        pos += bytes.get(pos..)?.iter().position(|&b| b == 0xFF)?;
+        pos += memchr::memchr(0xFF, bytes.get(pos..)?)?;
         match *bytes.get(pos + 1)? {
             0x00 | 0xD0..=0xD7 | 0xFF => pos += 1,
             _ => return Some(pos),

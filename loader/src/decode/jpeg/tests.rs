@@ -227,6 +227,28 @@ fn progressive_and_restart_fixtures_match_libjpeg() {
             let label = format!("{name} {win:?}");
             assert_window_is_part_of(&jpeg, &mut scratch, &all, w, win, &label);
         }
+        // Scaled, where coefficients the reduced transform does not read
+        // are skipped (libjpeg's progressive script refines bands that
+        // span them): close to the box averages of the full decode.
+        let rgb = &all[..w * h * 3];
+        for k in [2usize, 4, 8] {
+            let (sw, sh) = (w.div_ceil(k), h.div_ceil(k));
+            let mut scaled = Vec::new();
+            let got = decode_window(&jpeg, &mut scratch, &mut scaled, |_, _| (full(sw, sh), k));
+            assert_eq!(got, Some(full(sw, sh)), "{name} 1/{k}");
+            let want = box_average(rgb, w, h, k);
+            let n = sw * sh * 3;
+            let sum: f64 = scaled[..n]
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| a.abs_diff(*b) as f64)
+                .sum();
+            let mean = sum / n as f64;
+            assert!(
+                mean <= 3.0,
+                "{name} 1/{k}: mean difference {mean} from the box average"
+            );
+        }
     }
 }
 
