@@ -37,8 +37,9 @@ pub(super) struct Table {
     /// (`symbol` is `run << 4 | size`), or 0 when that code is longer.
     fast_ac: [u32; FAST_SIZE],
     /// For AC tables, once [`Self::prepare_skip`] has run (`skip_ready`):
-    /// the codes and values that lie whole in these `SKIP_BITS` bits, decoded in turn up to an end of block or a run that
-    /// would pass the block's end: `bits | need << 4 | eob << 11`, where
+    /// the codes and values that lie whole in these `SKIP_BITS` bits,
+    /// decoded in turn up to an end of block or a run that would pass the
+    /// block's end: `bits | need << 4 | eob << 11`, where
     /// `bits` is their length, `eob` says the last is an end of block and
     /// `need` is the coefficients they step over plus `eob` (they belong to
     /// the current block when it has that many positions left). 0 when the
@@ -425,19 +426,19 @@ impl<'a> Bits<'a> {
             }
         }
         if k < 64 {
-            self.skip_rest(ac, k)?;
+            self.skip_rest(ac, k, coef)?;
         }
         Some(k.min(64) - 1)
     }
 
     /// Steps over the rest of a block's AC coefficients, from zigzag
     /// position `k`: several codes to a lookup once the table's skip
-    /// entries are built. Not inlined: kept out of the stored path's loop.
+    /// entries are built (`coef` is not written). Not inlined: kept out of
+    /// the stored path's loop.
     #[inline(never)]
-    fn skip_rest(&mut self, ac: &Table, mut k: usize) -> Option<()> {
-        let mut unused = [0i16; 64];
+    fn skip_rest(&mut self, ac: &Table, mut k: usize, coef: &mut [i16; 64]) -> Option<()> {
         if !ac.skip_ready {
-            while k < 64 && self.coefficient::<false>(ac, &mut k, &mut unused)? {}
+            while k < 64 && self.coefficient::<false>(ac, &mut k, coef)? {}
             return Some(());
         }
         'block: while k < 64 {
@@ -447,7 +448,7 @@ impl<'a> Bits<'a> {
                 let e = ac.skip[(self.buf >> (64 - SKIP_BITS)) as usize] as usize;
                 let need = e >> 4 & 0x7F;
                 if e == 0 || k + need > 64 {
-                    if !self.coefficient::<false>(ac, &mut k, &mut unused)? {
+                    if !self.coefficient::<false>(ac, &mut k, coef)? {
                         break 'block;
                     }
                     continue 'block;
