@@ -416,7 +416,9 @@ impl<'a> Bits<'a> {
         if size > 15 {
             return None;
         }
-        let diff = self.receive_extend(size);
+        // Without a branch on the value's sign (a coin toss on a photo).
+        let diff = self.value(0, size);
+        self.consume(size);
         *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
         coef[0] = *pred as i16;
         let mut k = 1usize;
@@ -466,6 +468,17 @@ impl<'a> Bits<'a> {
         Some(())
     }
 
+    /// The `size`-bit value (at most 16) `offset` bits into the buffer,
+    /// sign-extended as `extend` does, without a branch: a leading 0 bit
+    /// means negative, `raw - (2^size - 1)`; 0 when `size` is 0.
+    #[inline(always)]
+    fn value(&self, offset: u32, size: u32) -> i32 {
+        let x = self.buf << offset;
+        let raw = ((x >> 1) >> (63 - size)) as i32;
+        let negative = !((x as i64 >> 63) as i32);
+        raw + (negative & (1 - (1 << size)))
+    }
+
     /// Decodes one AC code and its value at zigzag position `k` (stored in
     /// `coef` when `STORE`) and moves `k` past it; `Some(false)` at the end
     /// of the block.
@@ -479,20 +492,14 @@ impl<'a> Bits<'a> {
         self.ensure();
         let f = ac.fast_ac[(self.buf >> (64 - FAST_BITS)) as usize];
         if f != 0 {
-            // The value's bits, left-aligned, start after the code.
-            let x = self.buf << ((f >> 8) & 0xFF);
-            self.consume(f & 0xFF);
+            // The value's bits start after the code.
             let rs = f >> 16;
+            let v = self.value((f >> 8) & 0xFF, rs & 15);
+            self.consume(f & 0xFF);
             if rs == 0 {
                 return Some(false);
             }
             let size = rs & 15;
-            // The top `size` bits of `x` (none when `size` is 0),
-            // sign-extended as `extend` does: a leading 0 bit means
-            // negative, `raw - (2^size - 1)`.
-            let raw = ((x >> 1) >> (63 - size)) as i32;
-            let negative = !((x as i64 >> 63) as i32);
-            let v = raw + (negative & (1 - (1 << size)));
             *k += (rs >> 4) as usize;
             if *k > 63 {
                 // A run of 16 zeros past the block's end ends it.
