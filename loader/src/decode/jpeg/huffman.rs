@@ -194,8 +194,9 @@ impl Table {
     }
 }
 
-/// JPEG's sign extension of a `size`-bit magnitude category value.
-#[inline(always)]
+/// JPEG's sign extension of a `size`-bit magnitude category value, as the
+/// standard writes it: the reference `Bits::value` is held to.
+#[cfg(test)]
 fn extend(v: i32, size: u32) -> i32 {
     if size == 0 {
         0
@@ -305,10 +306,13 @@ impl<'a> Bits<'a> {
         self.pos
     }
 
-    /// Reads `size` bits (at most 16) as a sign-extended value.
+    /// Reads `size` bits (at most 16) as a sign-extended value, without a
+    /// branch on its sign (a coin toss on a photo).
     #[inline(always)]
     pub(super) fn receive_extend(&mut self, size: u32) -> i32 {
-        extend(self.bits(size) as i32, size)
+        let v = self.value(0, size);
+        self.consume(size);
+        v
     }
 
     /// Refills when fewer than 32 bits are buffered: enough for one symbol
@@ -416,9 +420,7 @@ impl<'a> Bits<'a> {
         if size > 15 {
             return None;
         }
-        // Without a branch on the value's sign (a coin toss on a photo).
-        let diff = self.value(0, size);
-        self.consume(size);
+        let diff = self.receive_extend(size);
         *pred = (*pred + diff).clamp(i16::MIN as i32, i16::MAX as i32);
         coef[0] = *pred as i16;
         let mut k = 1usize;
@@ -469,7 +471,7 @@ impl<'a> Bits<'a> {
     }
 
     /// The `size`-bit value (at most 16) `offset` bits into the buffer,
-    /// sign-extended as `extend` does, without a branch: a leading 0 bit
+    /// sign-extended as JPEG's `EXTEND` does, without a branch: a leading 0 bit
     /// means negative, `raw - (2^size - 1)`; 0 when `size` is 0.
     #[inline(always)]
     fn value(&self, offset: u32, size: u32) -> i32 {
@@ -677,5 +679,18 @@ mod tests {
         assert_eq!(extend(1, 1), 1);
         assert_eq!(extend(0b011, 3), -4);
         assert_eq!(extend(0b100, 3), 4);
+        // The reader's branch-free form agrees for every size and value.
+        for size in 0..=16u32 {
+            for v in 0..1u32 << size {
+                let mut b = Bits::new(&[]);
+                b.buf = if size == 0 {
+                    0
+                } else {
+                    (v as u64) << (64 - size)
+                };
+                b.n = 64;
+                assert_eq!(b.receive_extend(size), extend(v as i32, size), "{size} {v}");
+            }
+        }
     }
 }
