@@ -66,16 +66,22 @@ pub fn wick_threads() -> Vec<String> {
 }
 
 /// The loader threads (named `wick-...`) of this process once at most
-/// `expected` are left, or after a second. A joined thread can still be
-/// listed for a moment: `pthread_join` returns when the kernel clears the
-/// thread's id as it releases its memory, a little before the thread
-/// leaves `/proc/self/task`, and on a loaded machine the gap grows. A
-/// thread left behind (never joined) stays listed, so it is still caught.
+/// `expected` are left, or after a second (see [`settle`]).
 pub fn wick_threads_settled(expected: usize) -> Vec<String> {
+    settle(1, wick_threads, |now| now.len() <= expected)
+}
+
+/// `probe()` once `done` holds for it, or after `secs` seconds whatever it
+/// is then. For counts of threads: a joined thread can still be listed in
+/// `/proc/self/task` for a moment, since `pthread_join` returns when the
+/// kernel clears the thread's id as it releases its memory, a little
+/// before the task leaves the list, and on a loaded machine the gap grows.
+/// A thread left behind (never joined) stays listed, so it is still caught.
+pub fn settle<T>(secs: u64, mut probe: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
     let t = std::time::Instant::now();
     loop {
-        let now = wick_threads();
-        if now.len() <= expected || t.elapsed() > std::time::Duration::from_secs(1) {
+        let now = probe();
+        if done(&now) || t.elapsed() > std::time::Duration::from_secs(secs) {
             return now;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));

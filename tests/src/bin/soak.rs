@@ -49,23 +49,12 @@ fn usage() -> Usage {
 }
 
 /// The usage once no more than `limit`'s threads and files are left, or
-/// after five seconds whatever it is then. A joined thread can still be
-/// listed in `/proc/self/task` for a moment: `pthread_join` returns when
-/// the kernel clears the thread's id (in `mm_release`, early in `do_exit`),
-/// and the task leaves the list only when it is released at the end of
-/// `do_exit`, so on a busy machine a count taken right after a drop can
-/// include a thread that is already on its way out. A leaked thread or
-/// file stays and is still reported.
+/// after five seconds whatever it is then ([`tests::settle`]: a dropped
+/// loader's joined threads can be listed for a moment longer).
 fn settled(limit: Usage) -> Usage {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let u = usage();
-        let done = u.threads <= limit.threads && u.files <= limit.files;
-        if done || std::time::Instant::now() >= deadline {
-            return u;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    tests::settle(5, usage, |u| {
+        u.threads <= limit.threads && u.files <= limit.files
+    })
 }
 
 fn records() -> Vec<Record> {
