@@ -149,9 +149,8 @@ fn main() -> ExitCode {
     let Some(warm) = warm else {
         return ExitCode::SUCCESS;
     };
-    // The last loader is dropped: its threads and files are gone, so the
-    // end counts one loader fewer than the warm-up's.
-    // Only the main thread is left.
+    // The last loader is dropped: its threads and files are gone, only the
+    // main thread is left.
     let end = settled(Usage { threads: 1, ..warm });
     let built = build(&records, None).expect("a loader");
     let end_live = settled(warm);
