@@ -257,6 +257,8 @@ fn main() -> Res<()> {
         .as_ref()
         .map_or((0, 0), |(_, s)| (s.loader.epoch, s.loader.batch));
     let mut last_state = None;
+    // The step of the last checkpoint this run saved, and its folder.
+    let mut last_saved = None;
     for epoch in first_epoch..args.epochs {
         let (mut wait, mut compute) = (Duration::ZERO, Duration::ZERO);
         let (mut loss_sum, mut correct, mut seen) = (0.0f64, 0u64, 0u64);
@@ -300,7 +302,7 @@ fn main() -> Res<()> {
                         step,
                         loader: state.clone(),
                     };
-                    checkpoint::save(dir, &varmap, &opt, &saved)?;
+                    last_saved = Some((step, checkpoint::save(dir, &varmap, &opt, &saved)?));
                 }
             }
             if interrupted {
@@ -340,11 +342,17 @@ fn main() -> Res<()> {
         );
     }
     if let (Some(dir), Some(state)) = (&checkpoints, last_state) {
-        let saved = checkpoint::Saved {
-            step,
-            loader: state,
+        // Not saved again when the last periodic save was this step.
+        let folder = match last_saved {
+            Some((saved, folder)) if saved == step => folder,
+            _ => {
+                let saved = checkpoint::Saved {
+                    step,
+                    loader: state,
+                };
+                checkpoint::save(dir, &varmap, &opt, &saved)?
+            }
         };
-        let folder = checkpoint::save(dir, &varmap, &opt, &saved)?;
         println!("checkpoint: {}", folder.display());
     }
     println!("loader report:\n{}", train.stats().report());

@@ -70,10 +70,18 @@ fn wait_for_steps(child: &mut Child, log: &Path, steps: usize) {
     }
 }
 
-/// The step of the latest checkpoint in `dir`.
-fn saved_step(dir: &Path) -> usize {
+/// The folder `latest` names in `dir`.
+fn latest(dir: &Path) -> String {
     let latest = std::fs::read_to_string(dir.join("latest")).expect("a checkpoint");
-    latest.trim().trim_start_matches("step-").parse().unwrap()
+    latest.trim().to_owned()
+}
+
+/// The step of the latest checkpoint in `dir` (`step-N`, or `step-N.k`
+/// for a step saved again).
+fn saved_step(dir: &Path) -> usize {
+    let name = latest(dir);
+    let step = name.trim_start_matches("step-").split('.').next();
+    step.and_then(|s| s.parse().ok()).expect("a step folder")
 }
 
 /// The uninterrupted run's keys: 3 epochs of 48 samples.
@@ -104,7 +112,7 @@ fn copy_checkpoints(from: &Path, to: &Path) {
 /// weights, moments and state.
 fn same_final_checkpoint(a: &Path, b: &Path) {
     assert_eq!((saved_step(a), saved_step(b)), (18, 18));
-    let last = |d: &Path| d.join(format!("step-{:09}", saved_step(d)));
+    let last = |d: &Path| d.join(latest(d));
     for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
         let x = std::fs::read(last(a).join(file)).unwrap();
         let y = std::fs::read(last(b).join(file)).unwrap();
@@ -197,6 +205,28 @@ fn ctrl_c_finishes_the_step_checkpoints_and_exits_0_and_the_run_resumes() {
         .unwrap();
     assert!(status.success());
     assert_eq!(keys(&log), full);
+}
+
+/// A run whose last step is a periodic checkpoint's saves it once, and
+/// leaves that one checkpoint.
+#[test]
+fn the_last_step_is_saved_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let (log, ckpt) = (dir.path().join("a.txt"), dir.path().join("ckpt"));
+    let ckpt_arg = ckpt.to_str().unwrap();
+    let args = ["--checkpoint", ckpt_arg, "--checkpoint-every", "2"];
+    let status = example(&data, &log, &[&args[..], &["--epochs", "1"]].concat())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(latest(&ckpt), "step-000000006");
+    let mut names: Vec<_> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-000000006"]);
 }
 
 #[test]
