@@ -193,10 +193,13 @@ fn skipping_keeps_each_image_with_its_key() {
 fn the_bad_samples_log_lists_each_bad_file_once_with_its_whole_reason() {
     let dir = tempfile::tempdir().unwrap();
     let list = dataset(dir.path());
-    let log = dir.path().join("quarantine.jsonl");
     // Under `Fail`, one batch of all 15 samples: the batch's error names
-    // the first bad file, and the log lists all three.
+    // the first bad file, and the log lists all three. Each policy has a
+    // log of its own (a second loader on the same file would not list the
+    // keys again: tests/quarantine.rs).
+    let mut lines = Vec::new();
     for (policy, batch) in [(BadSamples::Skip, 4), (BadSamples::Fail, 15)] {
+        let log = dir.path().join(format!("quarantine-{batch}.jsonl"));
         let mut loader = Loader::builder(FileList::new(&list).unwrap())
             .batch_size(batch)
             .image_size(16)
@@ -210,13 +213,14 @@ fn the_bad_samples_log_lists_each_bad_file_once_with_its_whole_reason() {
                 let _ = b;
             }
         }
+        lines.extend(
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+        );
     }
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    // Each key once per loader (two loaders appended to the same file).
+    // Each key once per log.
     assert_eq!(lines.len(), 6, "{lines:?}");
     let names = |ls: &[serde_json::Value]| -> HashSet<String> {
         ls.iter()
@@ -234,7 +238,10 @@ fn the_bad_samples_log_lists_each_bad_file_once_with_its_whole_reason() {
     for l in &lines {
         let (key, reason) = (l["key"].as_str().unwrap(), l["reason"].as_str().unwrap());
         assert!(reason.contains(key), "{reason}");
-        assert!(l["epoch"].is_u64() && l["index"].is_u64(), "{l}");
+        assert!(
+            l["epoch"].is_u64() && l["index"].is_u64() && l["pid"].is_u64(),
+            "{l}"
+        );
         if key.ends_with("missing.jpg") {
             // The whole chain: the OS's own words too.
             assert!(reason.contains("No such file or directory"), "{reason}");
