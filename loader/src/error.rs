@@ -266,6 +266,16 @@ impl Error {
     /// cause chain is an I/O error that says so (interrupted, would block,
     /// timed out, a connection reset or aborted, `EIO`, `EAGAIN`, `EINTR`,
     /// `EBUSY`, `ETIMEDOUT`), not one about the data (missing, corrupt).
+    ///
+    /// `EIO` counts as transient on purpose. Network and FUSE file systems
+    /// (NFS soft mounts, Lustre, s3fs, gcsfuse) report a lost server or a
+    /// backend timeout as `EIO`, and a page-in fault of a mapped token
+    /// file comes back as `EIO` too, so those are the errors
+    /// [`retry`](crate::LoaderBuilder::retry) is for. On a local disk
+    /// `EIO` is usually a media error that no retry cures: each read of
+    /// that sample then makes `n` more tries, with their waits (at most
+    /// 200 ms each), before it is bad; nothing is retried unless
+    /// `retry(n)` is set.
     pub fn is_transient(&self) -> bool {
         use std::io::ErrorKind::*;
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);

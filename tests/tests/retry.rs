@@ -252,3 +252,82 @@ fn a_stream_that_cannot_be_reopened_fails_the_rest_of_its_shard_at_once() {
     // One retry (and wait) a shard, not one a record.
     assert_eq!(l.stats().read_retries, 2);
 }
+
+/// 64 records in two shards whose every read fails with `EAGAIN` after
+/// 40 ms, as a read from network storage that times out does (shortened);
+/// streamed by its own reader, a shard's stream opens once and then every
+/// reopen fails the same way.
+#[derive(Debug, Clone)]
+struct Stuck {
+    shards: Vec<candle_wick::source::ShardInfo>,
+    own_stream: bool,
+    opened: Arc<Mutex<std::collections::HashSet<usize>>>,
+}
+
+/// What a [`Stuck`] read of `what` fails with, after 40 ms.
+fn stuck(what: String) -> Error {
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    Error::Io {
+        path: what.into(),
+        source: std::io::Error::from_raw_os_error(11),
+    }
+}
+
+impl Source for Stuck {
+    fn len(&self) -> usize {
+        64
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        Err(stuck(format!("stuck/{index}.png")))
+    }
+
+    fn shards(&self) -> &[candle_wick::source::ShardInfo] {
+        &self.shards
+    }
+
+    fn stream_shard(&self, shard: usize, _parts: &Parts) -> Result<Option<RecordStream>> {
+        if !self.own_stream {
+            return Ok(None);
+        }
+        if !self.opened.lock().unwrap().insert(shard) {
+            return Err(stuck(format!("stuck/shard{shard}")));
+        }
+        let (me, info) = (self.clone(), &self.shards[shard]);
+        let records = info.first..info.first + info.records;
+        Ok(Some(Box::new(records.map(move |i| me.read(i)))))
+    }
+}
+
+/// A dropped epoch makes no more tries: the drop does not wait for every
+/// sample being read to make its remaining ones (here 50 tries of 40 ms,
+/// two seconds; a stream's record, reopens of 40 ms), in any mode.
+#[test]
+fn dropping_the_epoch_stops_the_retries_at_once() {
+    let mut took = Vec::new();
+    for mode in [Mode::Random, Mode::Stream, Mode::OwnStream] {
+        let src = Stuck {
+            shards: tests::fake_shards(2, 32),
+            own_stream: mode == Mode::OwnStream,
+            opened: Default::default(),
+        };
+        let mut b = Loader::builder(src)
+            .batch_size(4)
+            .image_size(8)
+            .workers(2)
+            .bad_samples(BadSamples::Skip)
+            .retry(50);
+        if mode != Mode::Random {
+            b = b.interleave(2, 1);
+        }
+        let mut l = b.build().unwrap();
+        let epoch = l.epoch(0);
+        // Some tries in.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        drop(epoch);
+        took.push((mode, t.elapsed()));
+    }
+    let second = std::time::Duration::from_secs(1);
+    assert!(took.iter().all(|(_, t)| *t < second), "{took:?}");
+}

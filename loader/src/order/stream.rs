@@ -444,6 +444,11 @@ impl Reopening {
         self.stream = stream;
         Ok(())
     }
+
+    /// Whether the epoch is dropped.
+    fn cancelled(&self) -> bool {
+        self.retry.cancel.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Iterator for Reopening {
@@ -455,20 +460,34 @@ impl Iterator for Reopening {
             let result = self.stream.next()?;
             let retry = matches!(&result, Err(e) if e.is_transient())
                 && attempts <= self.retry.retries
-                && !self.retry.cancel.load(std::sync::atomic::Ordering::Relaxed);
-            if !retry {
-                self.done += 1;
-                return Some(result.map_err(|e| tried(e, attempts)));
-            }
+                && !self.cancelled();
+            let mut last = match result {
+                Err(e) if retry => e,
+                result => {
+                    self.done += 1;
+                    return Some(result.map_err(|e| tried(e, attempts)));
+                }
+            };
             // Reopened until a try gets as far as the record, within the
             // same count of tries.
             loop {
-                (self.retry.on_retry)();
                 retry_wait(attempts, &self.retry.cancel);
+                if self.cancelled() {
+                    // The epoch is dropped: no more tries (a reopen
+                    // decompresses the shard up to here again), and the
+                    // stream, which lost its place, is read no further.
+                    self.done += 1;
+                    let reason = "the epoch was dropped while a read was retried";
+                    let lost = shard_lost(&self.path, reason, tried(last, attempts));
+                    let first = lost();
+                    self.stream = Box::new(std::iter::repeat_with(move || Err(lost())));
+                    return Some(Err(first));
+                }
+                (self.retry.on_retry)();
                 attempts += 1;
                 match self.reopen() {
                     Ok(()) => break,
-                    Err(e) if e.is_transient() && attempts <= self.retry.retries => {}
+                    Err(e) if e.is_transient() && attempts <= self.retry.retries => last = e,
                     Err(e) => {
                         // The shard's stream is lost: this record and every
                         // later one fail with the cause, at once.

@@ -376,6 +376,10 @@ impl std::fmt::Debug for Retry {
 /// times while it fails with a transient error ([`Error::is_transient`]),
 /// waiting as [`retry_wait`] says, calling `on_retry` for each retry. An
 /// error after retries says how many tries there were ([`Error::Retried`]).
+/// Once `cancel` is set (the epoch is dropped) no more tries are made: the
+/// last error comes back at once (the sample is not delivered, so what it
+/// says matters to no one, and a read that keeps failing may take seconds
+/// a try).
 pub(crate) fn read_retrying(
     source: &dyn Source,
     (index, parts, bytes): (usize, &Parts, Vec<u8>),
@@ -383,27 +387,40 @@ pub(crate) fn read_retrying(
     cancel: &std::sync::atomic::AtomicBool,
     on_retry: &dyn Fn(),
 ) -> Result<Record> {
+    use std::sync::atomic::Ordering;
     let mut result = source.read_parts(index, parts, bytes);
     let mut attempts = 1;
     while let Err(e) = &result {
         if attempts > retries || !e.is_transient() {
             break;
         }
-        on_retry();
         retry_wait(attempts, cancel);
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
+        on_retry();
         attempts += 1;
         result = source.read_parts(index, parts, Vec::new());
     }
     result.map_err(|e| tried(e, attempts))
 }
 
-/// The wait before retry number `attempts` of a read: 10, 20, 40 ... ms
-/// (at most 200 ms), cut short by `cancel`.
+/// The longest wait between two tries of a read.
+const RETRY_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The wait before retry number `attempts` of a read: 10, 20, 40, 80,
+/// 160, then 200 ms ([`RETRY_WAIT_MAX`]).
+fn retry_delay(attempts: u32) -> std::time::Duration {
+    let doubled = 10u64 << attempts.saturating_sub(1).min(5);
+    std::time::Duration::from_millis(doubled).min(RETRY_WAIT_MAX)
+}
+
+/// Waits before retry number `attempts` of a read as [`retry_delay`]
+/// says, cut short by `cancel`.
 pub(crate) fn retry_wait(attempts: u32, cancel: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
-    let wait = Duration::from_millis(10 << (attempts - 1).min(4)).min(Duration::from_millis(200));
-    let until = Instant::now() + wait;
+    let until = Instant::now() + retry_delay(attempts);
     while let Some(left) = until.checked_duration_since(Instant::now()) {
         if cancel.load(Ordering::Relaxed) || left.is_zero() {
             break;
@@ -457,5 +474,12 @@ mod tests {
         assert!(is_image_path(Path::new("b.Png")));
         assert!(!is_image_path(Path::new("b.txt")));
         assert!(!is_image_path(Path::new("jpg")));
+    }
+
+    /// The waits double from 10 ms up to the documented 200 ms.
+    #[test]
+    fn retry_waits_double_up_to_200_ms() {
+        let waits: Vec<u128> = (1..=8).map(|a| retry_delay(a).as_millis()).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 200, 200, 200]);
     }
 }
