@@ -2,7 +2,8 @@
 //! written whole in one append, so a line cut short by an earlier kill
 //! stays a line of its own and two loaders on one path never mix inside a
 //! line; a resumed run does not list the keys the file lists already; and
-//! one loader writes at most 10,000 lines and then one summary line.
+//! one loader writes at most 10,000 lines and then one summary line. A
+//! log that is a pipe is written to, never read.
 
 use candle_wick::fields::{Field, FieldType};
 use candle_wick::map::{map_fn, Sample};
@@ -122,4 +123,32 @@ fn a_loader_writes_at_most_10000_lines_then_says_so_once() {
     let last: serde_json::Value = serde_json::from_str(&lines[10_000]).unwrap();
     assert_eq!(last["truncated"], true, "{last}");
     assert_eq!(last["limit"], 10_000, "{last}");
+}
+
+/// A log that is a pipe (`/dev/stderr` read by a collector, a FIFO) is
+/// written to, never read: reading it would wait for input.
+#[test]
+fn a_pipe_as_the_log_is_written_to_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("bad.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("no mkfifo: skipped");
+        return;
+    }
+    let collector = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drain(&mut refusing("a", 5, &fifo), 0);
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the loader is stuck on its log");
+    let text = collector.join().unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    distinct(&keys(&lines), "a", 5);
 }
