@@ -108,17 +108,30 @@ impl LoaderBuilder {
     /// [`Stats::read_retries`](crate::stats::Stats::read_retries) counts
     /// the retries. Default 0. The streaming mode retries too, except
     /// a compressed TFRecord shard (read as one sequential stream).
+    /// Dropping the epoch stops the retries: no try is made after it.
+    /// `EIO` is retried because network and FUSE file systems report
+    /// transient faults with it (and a token file's page that could not
+    /// be read is reported so).
     pub fn retry(mut self, n: u32) -> Self {
         self.retries = n;
         self
     }
 
     /// Lists every bad sample in the file at `path`, one JSON line each
-    /// (`{"key", "reason", "epoch", "index"}`, the reason with its whole
-    /// cause chain), each key once however many epochs meet it: a
+    /// (`{"key", "reason", "epoch", "index", "pid"}`, the reason with its
+    /// whole cause chain), each key once however many epochs meet it: a
     /// quarantine list to fix the dataset with, under either
     /// [`BadSamples`] policy. Appends to the file (created if missing);
     /// `build` fails if it cannot be opened.
+    ///
+    /// Each line is one append `write`, so a kill leaves no line cut short
+    /// and loaders or ranks sharing the file never mix inside a line (on
+    /// a local file system); a line cut by an earlier kill stays its own
+    /// line. Keys the file already lists when the loader is built are not
+    /// listed again (by key, whatever the reason), so a resumed run does
+    /// not repeat them. One loader writes at most 10,000 lines, then one
+    /// `{"truncated": true, "limit": 10000, ...}` line and no more, and
+    /// keeps at most 10,000 keys from the file besides its own.
     pub fn bad_samples_log(mut self, path: impl Into<PathBuf>) -> Self {
         self.bad_samples_log = Some(path.into());
         self
@@ -558,7 +571,7 @@ impl LoaderBuilder {
             quarantine: self
                 .bad_samples_log
                 .as_deref()
-                .map(super::fill::Quarantine::open)
+                .map(super::quarantine::Quarantine::open)
                 .transpose()?,
             direct: Default::default(),
             #[cfg(test)]

@@ -67,6 +67,8 @@ struct State {
     pumps: usize,
     /// Whether the feeder waits on `cv`.
     waiting: bool,
+    /// Set by [`Inbox::finish`]: no pump is started after it.
+    done: bool,
 }
 
 /// Where the pumps of one direct epoch put their batches, and what
@@ -112,6 +114,7 @@ impl Inbox {
                 end: plan.batches.len(),
                 pumps: 0,
                 waiting: false,
+                done: false,
             }),
             plan,
             cv: Condvar::new(),
@@ -123,7 +126,11 @@ impl Inbox {
     /// pumps end for want of a buffer ([`pump`]) and drains give buffers
     /// back, so a buffer that comes back always finds a pump to fill it.
     fn start_pumps(self: &Arc<Self>, shared: &Arc<Shared>, st: &mut State) {
-        if self.cancel.load(Ordering::Relaxed) || st.next >= st.end || st.pumps >= self.most {
+        if self.cancel.load(Ordering::Relaxed)
+            || st.done
+            || st.next >= st.end
+            || st.pumps >= self.most
+        {
             return;
         }
         let free = shared.pool.free_permits();
@@ -157,9 +164,7 @@ impl Inbox {
         self.drain(shared, &mut st);
         // The batches before the switch gave their buffers back.
         self.start_pumps(shared, &mut st);
-        if st.pumps == 0 {
-            self.notify(&st);
-        }
+        self.notify_if_idle(&st);
     }
 
     /// Wakes the feeder if it waits (after a cancel). Otherwise it is
@@ -176,20 +181,36 @@ impl Inbox {
         }
     }
 
+    /// Wakes the feeder when no pump runs and it has something to do:
+    /// close the epoch (it is over), or wait for a buffer to start a pump
+    /// with (batches are left: see [`finish`](Self::finish)).
+    fn notify_if_idle(&self, st: &State) {
+        if st.pumps == 0 && (self.over(st) || st.next < st.end) {
+            self.notify(st);
+        }
+    }
+
+    /// Whether the epoch is over for the feeder: cancelled, its consumer
+    /// gone, or every batch claimed and delivered (those held beyond an
+    /// end lowered by a failure are not delivered: they are over too).
+    fn over(&self, st: &State) -> bool {
+        let delivered = st.order.is_empty() || st.order.next() >= st.end;
+        self.cancel.load(Ordering::Relaxed)
+            || (st.handed && st.out.is_none())
+            || (st.next >= st.end && delivered)
+    }
+
     /// Moves the batches that are next into the channel, within the
     /// prefetch depth: the consumer calls it after taking a batch.
     pub(super) fn make_room(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut st = crate::lock(&self.state);
-        let empty = self.drain(shared, &mut st);
+        self.drain(shared, &mut st);
         self.start_pumps(shared, &mut st);
-        if empty && st.pumps == 0 {
-            self.notify(&st);
-        }
+        self.notify_if_idle(&st);
     }
 
-    /// Moves what can move into the channel; `true` when the inbox is
-    /// left empty.
-    fn drain(&self, shared: &Shared, st: &mut State) -> bool {
+    /// Moves what can move into the channel.
+    fn drain(&self, shared: &Shared, st: &mut State) {
         let cancelled = self.cancel.load(Ordering::Relaxed);
         loop {
             if st.order.next() >= st.end {
@@ -227,7 +248,6 @@ impl Inbox {
                 shared.pool.release(None);
             }
         }
-        st.order.is_empty()
     }
 
     /// A pump's finished batch.
@@ -284,11 +304,9 @@ impl Inbox {
     fn push(self: &Arc<Self>, shared: &Arc<Shared>, index: usize, entry: Entry) {
         let mut st = crate::lock(&self.state);
         st.order.push(index, entry);
-        let empty = self.drain(shared, &mut st);
+        self.drain(shared, &mut st);
         self.start_pumps(shared, &mut st);
-        if empty && st.pumps == 0 {
-            self.notify(&st);
-        }
+        self.notify_if_idle(&st);
     }
 
     /// The next batch for a pump, `None` once there is none (the plan's
@@ -324,28 +342,43 @@ impl Inbox {
     /// A pump ends (under the state's lock, `st`).
     fn pump_done(&self, mut st: std::sync::MutexGuard<'_, State>) {
         st.pumps -= 1;
-        if st.pumps == 0 {
-            self.notify(&st);
-        }
+        self.notify_if_idle(&st);
     }
 
     /// Waits until the pumps are done and every batch is in the channel
     /// (or the epoch was cancelled, or its consumer went away), then
     /// closes the channel: what is left is given back.
-    fn finish(&self, shared: &Shared) {
+    ///
+    /// While batches are left and no pump runs, every pool permit is out:
+    /// held by batches waiting for room in the channel (the consumer's
+    /// [`make_room`](Self::make_room) starts pumps again) or by an
+    /// earlier, forgotten epoch's batches, whose buffers come back on
+    /// paths that start no pump. So the feeder, which is not a decode
+    /// thread and may block, waits for a permit itself, gives it back and
+    /// starts the pumps: a buffer that comes back always finds a pump.
+    fn finish(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut st = crate::lock(&self.state);
         loop {
-            let delivered = st.order.is_empty() || st.order.next() >= st.end;
-            let over = self.cancel.load(Ordering::Relaxed)
-                || st.out.is_none()
-                || (st.next >= st.end && delivered);
-            if st.pumps == 0 && st.handed && over {
+            if st.pumps == 0 && st.handed && self.over(&st) {
                 break;
+            }
+            if st.pumps == 0 && st.handed && st.next < st.end {
+                drop(st);
+                // `None`: cancelled (seen above next turn); an error: the
+                // permit was given back, and the pump that takes it meets
+                // the same error and fails its batch.
+                if let Some(Ok(buf)) = shared.pool.acquire(&self.cancel) {
+                    shared.pool.release(Some(buf));
+                }
+                st = crate::lock(&self.state);
+                self.start_pumps(shared, &mut st);
+                continue;
             }
             st.waiting = true;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             st.waiting = false;
         }
+        st.done = true;
         st.out = None;
         let order = std::mem::replace(&mut st.order, Reorder::new(0));
         for entry in order.into_rest() {
@@ -372,7 +405,20 @@ pub(super) fn wanted(shared: &Shared, n: usize) -> bool {
 /// blocks can deadlock the pool: a source that calls into rayon, as
 /// `rayon::yield_now`, can run another pump on its own thread's stack):
 /// it ends, and the drain that gives a buffer back starts a new one.
+///
+/// Nor does it wait for a place in the worker gate: it takes its pass
+/// first, holding nothing yet, and one that finds the gate full is
+/// started again when a pass comes back (still counted among the pumps).
+/// The pass is held for the pump's whole run, so the batch's runner goes
+/// through on it.
 fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
+    let again = {
+        let (shared, inbox) = (shared.clone(), inbox.clone());
+        move || pump(&shared, &inbox)
+    };
+    let Some(_pass) = shared.knobs.gate.enter_or_defer(again) else {
+        return;
+    };
     let cancel = &inbox.cancel;
     loop {
         if cancel.load(Ordering::Relaxed) {
@@ -440,7 +486,7 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
 /// Fills batch `index` into `table` and hands it to the inbox.
 fn fill(shared: &Arc<Shared>, inbox: &Arc<Inbox>, index: usize, table: SlotTable) {
     let n = inbox.plan.batches[index].len();
-    let filling = Filling::new(
+    let filling = Arc::new(Filling::new(
         shared.clone(),
         inbox.plan.clone(),
         index,
@@ -450,7 +496,7 @@ fn fill(shared: &Arc<Shared>, inbox: &Arc<Inbox>, index: usize, table: SlotTable
         table,
         Vec::new(),
         n,
-    );
+    ));
     if n == 0 {
         filling.complete();
     } else {
@@ -497,6 +543,11 @@ pub(super) fn run(
     *crate::lock(&shared.direct) = None;
     acks.ack(gen);
 }
+
+/// The hangs the turn-3 review reproduced (F1, F2, F3), as tests.
+#[cfg(test)]
+#[path = "direct_hangs.rs"]
+mod hangs;
 
 #[cfg(test)]
 mod tests {

@@ -33,61 +33,6 @@ pub enum BadSamples {
     Skip,
 }
 
-/// The quarantine file ([`LoaderBuilder::bad_samples_log`](crate::LoaderBuilder::bad_samples_log)): one JSON
-/// line per bad sample, each key once however many epochs meet it.
-#[derive(Debug)]
-pub(super) struct Quarantine {
-    path: std::path::PathBuf,
-    /// The file, the keys listed, and whether a write failed (said once).
-    file: Mutex<(std::fs::File, std::collections::HashSet<String>, bool)>,
-}
-
-impl Quarantine {
-    /// Opens `path` for appending (created if missing).
-    pub(super) fn open(path: &std::path::Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::Dataset {
-                path: path.into(),
-                reason: "cannot open the bad-samples log".into(),
-                source: Some(Box::new(e)),
-            })?;
-        Ok(Self {
-            path: path.into(),
-            file: Mutex::new((file, Default::default(), false)),
-        })
-    }
-
-    /// Lists sample `key` (source index `index`, met in `epoch`) with
-    /// `error`'s whole cause chain, unless it is listed already. A failed
-    /// write is said once on stderr: the log is a report, and the batch
-    /// goes on as the policy says.
-    fn log(&self, key: &str, epoch: u64, index: usize, error: &Error) {
-        use std::io::Write;
-        let mut guard = crate::lock(&self.file);
-        let (file, seen, failed) = &mut *guard;
-        if !seen.insert(key.to_owned()) {
-            return;
-        }
-        let line = serde_json::json!({
-            "key": key,
-            "reason": crate::error_chain(error),
-            "epoch": epoch,
-            "index": index,
-        });
-        if let Err(e) = writeln!(file, "{line}") {
-            if !std::mem::replace(failed, true) {
-                eprintln!(
-                    "wick: cannot write the bad-samples log {}: {e}",
-                    self.path.display()
-                );
-            }
-        }
-    }
-}
-
 /// One sample's fate in a batch.
 pub(super) enum Outcome {
     Ok { key: String },
@@ -373,15 +318,26 @@ impl Filling {
     /// Claims and processes samples until none are left to claim, as one
     /// worker (one gate pass and one scratch for the whole run); the run
     /// that releases the last sample hands the batch over.
-    pub(super) fn run(&self) {
+    ///
+    /// A runner that finds the worker gate full gives up its turn and is
+    /// started again when a pass comes back (a decode thread never waits
+    /// for a pass: see [`crate::tune::Gate`]).
+    pub(super) fn run(self: &Arc<Self>) {
         if self.table.claimed_all() {
-            // The other runners took every sample: no need to wait for a pass.
+            // The other runners took every sample: no need for a pass.
             return;
         }
+        let again = {
+            let me = self.clone();
+            move || me.run()
+        };
+        let Some(pass) = self.shared.knobs.gate.enter_or_defer(again) else {
+            return;
+        };
         let indices = self.indices();
         // A direct batch's samples are cheap: timed as a run.
         let timed = !matches!(self.to, Handoff::Direct(_));
-        let mut worker = Worker::enter(&self.shared, timed);
+        let mut worker = Worker::enter(&self.shared, timed, pass);
         let map = &*self.shared.map;
         while let Some(mut run) = self.table.claim_run(self.claim) {
             let mut claims = run.each().peekable();

@@ -56,6 +56,7 @@ mod epoch;
 mod feed;
 mod fill;
 mod loader;
+mod quarantine;
 mod reorder;
 mod upload;
 mod worker;
@@ -116,7 +117,7 @@ struct Shared {
     /// Extra tries of a read that failed with a transient error.
     retries: u32,
     /// Where bad samples are listed (`bad_samples_log`).
-    quarantine: Option<fill::Quarantine>,
+    quarantine: Option<quarantine::Quarantine>,
     /// The inbox of the running direct epoch, if any ([`direct`]).
     direct: Mutex<Option<Arc<direct::Inbox>>>,
     /// Tests choose the path: direct always, never, or by cost (`None`).

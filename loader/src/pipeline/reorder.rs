@@ -22,7 +22,10 @@ impl<T> Reorder<T> {
     /// Holds `item` as index `index`. An index pushed twice keeps the later
     /// item (the feeder dispatches each index once, so it never happens).
     pub(super) fn push(&mut self, index: usize, item: T) {
-        self.pending.insert(index, item);
+        let replaced = self.pending.insert(index, item).is_some();
+        // Each index arrives once: a second arrival would drop the first
+        // item (and, for a batch, the pool permit it holds).
+        debug_assert!(!replaced, "batch {index} arrived twice");
     }
 
     /// The item at the next index, once it has been pushed.

@@ -89,10 +89,9 @@ pub(super) struct Worker<'a> {
 }
 
 impl<'a> Worker<'a> {
-    /// Waits for a place in the worker gate. `timed`: whether each
-    /// sample is timed, or only the run (not when tracing).
-    pub(super) fn enter(shared: &'a Shared, timed: bool) -> Self {
-        let pass = shared.knobs.gate.enter();
+    /// A worker holding `pass`, a place in the worker gate. `timed`:
+    /// whether each sample is timed, or only the run (not when tracing).
+    pub(super) fn enter(shared: &'a Shared, timed: bool, pass: GatePass<'a>) -> Self {
         let timed = timed || shared.trace.is_some();
         Self {
             shared,

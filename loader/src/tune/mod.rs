@@ -21,7 +21,7 @@ pub(crate) use budget::{default_budget, Budget};
 use policy::{Policy, Window};
 pub use policy::{TuneAction, TuneKnob};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How one of the loader's parallelism settings is chosen: by AUTOTUNE
@@ -66,19 +66,44 @@ const WINDOW_TIME: Duration = Duration::from_millis(200);
 pub(crate) const MAX_QUEUE: usize = 8;
 
 /// A counting gate: at most `limit` holders at once (the active workers).
-#[derive(Debug)]
+///
+/// No thread ever waits for a pass. A decode thread that waits inside a
+/// rayon job can deadlock the pool: a map or source that uses rayon
+/// (`join`, `scope`, `par_iter`) lets another pool thread steal its
+/// sub-job, and that thread, waiting for the sub-job's siblings, runs
+/// whatever is queued (a pump or a runner) on its own stack; had that job
+/// blocked here on the pass held by the thread waiting for the sub-job,
+/// neither could go on. So a job that finds the gate full is *deferred*:
+/// [`Gate::enter_or_defer`] queues the job and returns at once, and the
+/// pass given back next starts it again on the pool (where it tries once
+/// more). While jobs are queued a holder exists that will give a pass
+/// back: a job is queued only while `active >= limit >= 1`.
 pub(crate) struct Gate {
     state: Mutex<GateState>,
-    cv: Condvar,
+    /// Where a deferred job is started again (the loader's decode pool;
+    /// weak, so the gate does not keep the pool's threads alive).
+    pool: std::sync::OnceLock<std::sync::Weak<rayon::ThreadPool>>,
 }
 
-#[derive(Debug)]
+/// A job waiting for a pass.
+type Deferred = Box<dyn FnOnce() + Send>;
+
 struct GateState {
     limit: usize,
     active: usize,
-    /// Threads blocked in `enter`: a pass given back wakes one only when
-    /// there are any (a wake-up is a system call).
-    waiting: usize,
+    /// Jobs that found the gate full, in the order they came.
+    queue: std::collections::VecDeque<Deferred>,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("Gate")
+            .field("limit", &st.limit)
+            .field("active", &st.active)
+            .field("deferred", &st.queue.len())
+            .finish()
+    }
 }
 
 /// Holds a place in a [`Gate`] until dropped (`None`: a nested entry on a
@@ -89,8 +114,8 @@ pub(crate) struct GatePass<'a>(Option<&'a Gate>);
 std::thread_local! {
     /// Whether this thread holds a pass of some gate. A `Source` that uses
     /// rayon inside `read` lets this pool thread run another sample while it
-    /// waits (work stealing); that sample must not wait for the pass its own
-    /// thread holds, or the pool deadlocks.
+    /// waits (work stealing); that sample goes through on this thread's
+    /// pass (it adds no parallelism).
     static HOLDS_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -100,11 +125,9 @@ impl Drop for GatePass<'_> {
             HOLDS_PASS.with(|h| h.set(false));
             let mut st = gate.lock();
             st.active -= 1;
-            let wake = st.waiting > 0;
+            let start = gate.take_startable(&mut st);
             drop(st);
-            if wake {
-                gate.cv.notify_one();
-            }
+            gate.start(start);
         }
     }
 }
@@ -115,30 +138,63 @@ impl Gate {
             state: Mutex::new(GateState {
                 limit: limit.max(1),
                 active: 0,
-                waiting: 0,
+                queue: std::collections::VecDeque::new(),
             }),
-            cv: Condvar::new(),
+            pool: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The pool deferred jobs are started on (set once, when the loader's
+    /// decode pool exists).
+    pub(crate) fn set_pool(&self, pool: &Arc<rayon::ThreadPool>) {
+        let _ = self.pool.set(Arc::downgrade(pool));
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {
         crate::lock(&self.state)
     }
 
-    /// Waits for a place, unless this thread already holds one: a nested
-    /// entry (rayon running another sample inside a sample on this thread)
-    /// goes through at once, since it adds no parallelism.
-    pub(crate) fn enter(&self) -> GatePass<'_> {
+    /// A pass when a place is free or this thread holds one already (a
+    /// nested entry: rayon running another sample inside a sample on this
+    /// thread goes through at once); otherwise `again` is queued, to be
+    /// started on the pool when a pass is given back, and `None` is
+    /// returned: the caller gives up its turn (it must hold nothing
+    /// another job waits for).
+    pub(crate) fn enter_or_defer(
+        &self,
+        again: impl FnOnce() + Send + 'static,
+    ) -> Option<GatePass<'_>> {
         if HOLDS_PASS.with(|h| h.get()) {
-            return GatePass(None);
+            return Some(GatePass(None));
         }
         let mut st = self.lock();
-        while st.active >= st.limit {
-            st = crate::wait_counted(&self.cv, st, |s| &mut s.waiting);
+        if st.active >= st.limit {
+            st.queue.push_back(Box::new(again));
+            return None;
         }
         st.active += 1;
         HOLDS_PASS.with(|h| h.set(true));
-        GatePass(Some(self))
+        Some(GatePass(Some(self)))
+    }
+
+    /// The queued jobs there are places for now (each then tries again:
+    /// one that loses its place to another entry is queued anew).
+    fn take_startable(&self, st: &mut GateState) -> Vec<Deferred> {
+        let free = st.limit.saturating_sub(st.active);
+        let n = free.min(st.queue.len());
+        st.queue.drain(..n).collect()
+    }
+
+    fn start(&self, jobs: Vec<Deferred>) {
+        if jobs.is_empty() {
+            return;
+        }
+        match self.pool.get().and_then(std::sync::Weak::upgrade) {
+            Some(pool) => jobs.into_iter().for_each(|job| pool.spawn_fifo(job)),
+            // No pool (a test's bare gate, or a loader being dropped after
+            // its epochs ended): run them here.
+            None => jobs.into_iter().for_each(|job| job()),
+        }
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -146,8 +202,17 @@ impl Gate {
     }
 
     pub(crate) fn set_limit(&self, n: usize) {
-        self.lock().limit = n.max(1);
-        self.cv.notify_all();
+        let mut st = self.lock();
+        st.limit = n.max(1);
+        let start = self.take_startable(&mut st);
+        drop(st);
+        self.start(start);
+    }
+
+    /// Jobs waiting for a pass.
+    #[cfg(test)]
+    pub(crate) fn deferred(&self) -> usize {
+        self.lock().queue.len()
     }
 }
 
@@ -330,39 +395,66 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// Defers a job on another thread (the pass this thread may hold
+    /// would let it through); whether it was deferred.
+    fn defer_elsewhere(gate: &Arc<Gate>, ran: &Arc<AtomicUsize>) -> bool {
+        let (g, r) = (gate.clone(), ran.clone());
+        let job = move || {
+            // Started again with a place free: it gets a pass now.
+            assert!(g.enter_or_defer(|| panic!("deferred twice")).is_some());
+            r.fetch_add(1, Relaxed);
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| gate.enter_or_defer(job).is_none())
+                .join()
+                .unwrap()
+        })
+    }
+
     #[test]
-    fn gate_admits_at_most_its_limit() {
-        let gate = Arc::new(Gate::new(2));
-        let a = gate.enter();
-        // A second pass, held by another thread until told to let go.
-        let (g, (go_tx, go_rx)) = (gate.clone(), std::sync::mpsc::channel::<()>());
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let second = std::thread::spawn(move || {
-            let _p = g.enter();
-            held_tx.send(()).unwrap();
-            go_rx.recv().unwrap();
-        });
-        held_rx.recv().unwrap();
-        let g = gate.clone();
-        let third = std::thread::spawn(move || {
-            let _p = g.enter();
-        });
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(!third.is_finished());
-        drop(a);
-        third.join().unwrap();
-        go_tx.send(()).unwrap();
-        second.join().unwrap();
+    fn a_full_gate_defers_the_job_and_a_returned_pass_starts_it() {
+        let gate = Arc::new(Gate::new(1));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let pass = gate.enter_or_defer(|| unreachable!()).unwrap();
+        assert!(
+            defer_elsewhere(&gate, &ran),
+            "a full gate defers, never waits"
+        );
+        assert!(defer_elsewhere(&gate, &ran));
+        assert_eq!((gate.deferred(), ran.load(Relaxed)), (2, 0));
+        drop(pass);
+        // The first job got the place and gave it back when it ended,
+        // which started the second.
+        assert_eq!((gate.deferred(), ran.load(Relaxed)), (0, 2));
+        assert_eq!(gate.lock().active, 0);
         gate.set_limit(0);
         assert_eq!(gate.limit(), 1, "never below one");
     }
 
     #[test]
+    fn a_raised_limit_starts_the_deferred_jobs() {
+        let gate = Arc::new(Gate::new(1));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let pass = gate.enter_or_defer(|| unreachable!()).unwrap();
+        for _ in 0..3 {
+            assert!(defer_elsewhere(&gate, &ran));
+        }
+        // From a thread without a pass, as the tuner's.
+        std::thread::scope(|s| s.spawn(|| gate.set_limit(3)).join().unwrap());
+        assert_eq!(
+            (gate.deferred(), ran.load(Relaxed)),
+            (0, 3),
+            "places came free"
+        );
+        drop(pass);
+    }
+
+    #[test]
     fn a_nested_entry_on_the_same_thread_does_not_wait() {
         let gate = Gate::new(1);
-        let outer = gate.enter();
+        let outer = gate.enter_or_defer(|| unreachable!()).unwrap();
         // rayon running another sample inside this one, on this thread.
-        let inner = gate.enter();
+        let inner = gate.enter_or_defer(|| unreachable!()).unwrap();
         drop(inner);
         assert_eq!(gate.lock().active, 1, "the nested entry took no place");
         drop(outer);
