@@ -97,7 +97,11 @@ impl Loader {
             .spawn_handler(move |thread| {
                 let handle = std::thread::Builder::new()
                     .name(format!("wick-decode-{}", thread.index()))
-                    .spawn(|| thread.run())?;
+                    .spawn(|| {
+                        // Token files' guard needs SIGBUS deliverable here.
+                        crate::source::mapguard::unblock();
+                        thread.run()
+                    })?;
                 crate::lock(&spawned).push(handle);
                 Ok(())
             })
@@ -106,6 +110,8 @@ impl Loader {
                 source: Box::new(e),
             })?;
         let decode_pool = Arc::new(decode_pool);
+        // Jobs deferred at the worker gate start again on this pool.
+        shared.knobs.gate.set_pool(&decode_pool);
         // Begin, one message per batch in flight, End. A `Done` with a
         // batch holds a pool buffer, so those are bounded by the pool; a
         // failed or cancelled batch's `Done` holds none, and under

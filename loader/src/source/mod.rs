@@ -2,7 +2,7 @@
 
 mod folder;
 mod list;
-mod mapguard;
+pub(crate) mod mapguard;
 mod memory;
 mod open;
 mod shards;

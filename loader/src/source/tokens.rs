@@ -26,6 +26,7 @@ use memmap2::Mmap;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 /// llm.c's header: this many little-endian `i32`.
 const LLMC_HEADER_INTS: usize = 256;
@@ -48,17 +49,41 @@ pub enum TokenLayout {
 ///
 /// The mapping is read-only and every read is bounds-checked. Do not write
 /// to the file in place while it is read (its bytes would change under a
-/// reader); replacing it by a rename is fine. A file truncated while it is
-/// read is an error naming it on Linux: every read after one has met a
-/// page past the file's new end fails (the mapping is guarded: see
-/// `source/mapguard.rs`). Elsewhere, or when more than 4,096 token files are
-/// open, such a read is `SIGBUS`, which ends the process.
+/// reader); replacing it by a rename is fine.
+///
+/// A file cut short while it is read is an error naming it, never tokens
+/// that are not the file's (on Linux, while at most 4,096 token files are
+/// open; elsewhere such a read is `SIGBUS`, which ends the process):
+/// - a read that meets a page past the new end faults; the fault is
+///   caught (see `source/mapguard.rs`) and the read fails;
+/// - a read inside the page that holds the new end does not fault (the
+///   kernel keeps that page, zeros past the end): such a read ends in a
+///   zero byte, and a read whose last byte is zero checks the file's size
+///   (one `fstat`, for the few reads whose last token is below 256);
+/// - once damaged, the file is not touched again (each read checks its
+///   size instead), so no truncation can exhaust the process's mappings.
+///
+/// A page that could not be read while the file kept its size (a network
+/// or FUSE file system's transient error) is not a truncation: the file
+/// is mapped anew and the read fails with a transient error (EIO), which
+/// [`retry(n)`](crate::LoaderBuilder::retry) retries. A file that was cut
+/// and later restored to its size reads again the same way.
 #[derive(Debug)]
 pub struct TokenFile {
     path: PathBuf,
     /// Declared before `map`, so it is unregistered before the unmap.
     guard: super::mapguard::Guard,
     map: Mmap,
+    /// The open file: its size is checked against `bytes`, and it is
+    /// mapped anew after a page could not be read.
+    file: std::fs::File,
+    /// The file's size when it was opened.
+    bytes: u64,
+    /// Counts the times the file was mapped anew: a read during which it
+    /// changed may have read the zeros a fault left, and fails.
+    remaps: std::sync::atomic::AtomicU64,
+    /// One recovery at a time.
+    recovering: std::sync::Mutex<()>,
     /// Where the tokens start, in bytes.
     start: usize,
     len: usize,
@@ -69,29 +94,30 @@ impl TokenFile {
     /// Opens `path`: an llm.c shard when it starts with llm.c's magic
     /// number, raw `u16` tokens otherwise.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let map = map(path)?;
-        let layout = match map.get(..4) {
-            Some(m) if i32::from_le_bytes(m.try_into().expect("4 bytes")) == LLMC_MAGIC => {
-                TokenLayout::LlmC
-            }
-            _ => TokenLayout::RawU16,
-        };
-        Self::with_layout(path, map, layout)
+        Self::with_layout(path.as_ref(), None)
     }
 
     /// Opens `path` as `layout`, checking the file against it.
     pub fn open_as(path: impl AsRef<Path>, layout: TokenLayout) -> Result<Self> {
-        let path = path.as_ref();
-        Self::with_layout(path, map(path)?, layout)
+        Self::with_layout(path.as_ref(), Some(layout))
     }
 
-    fn with_layout(path: &Path, map: Mmap, layout: TokenLayout) -> Result<Self> {
+    /// Opens `path` as `layout`, or as its first bytes say.
+    fn with_layout(path: &Path, layout: Option<TokenLayout>) -> Result<Self> {
         let bad = |reason: String| Error::Dataset {
             path: path.to_path_buf(),
             reason,
             source: None,
         };
+        let (file, bytes, map) = map(path)?;
+        // Guarded before the header is read.
+        let guard = super::mapguard::Guard::new(&map);
+        let layout = layout.unwrap_or(match map.get(..4) {
+            Some(m) if i32::from_le_bytes(m.try_into().expect("4 bytes")) == LLMC_MAGIC => {
+                TokenLayout::LlmC
+            }
+            _ => TokenLayout::RawU16,
+        });
         let size = map.len();
         let (start, len) = match layout {
             TokenLayout::LlmC => {
@@ -139,14 +165,30 @@ impl TokenFile {
                 (0, size / 2)
             }
         };
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if guard.damaged() {
+            return Err(bad(
+                "the file was truncated while its header was read".into()
+            ));
+        }
         Ok(Self {
             path: path.to_path_buf(),
-            guard: super::mapguard::Guard::new(&map),
+            guard,
             map,
+            file,
+            bytes,
+            remaps: Default::default(),
+            recovering: Default::default(),
             start,
             len,
             layout,
         })
+    }
+
+    /// Whether the mapping is guarded against a truncation while it is
+    /// read (on Linux, while at most 4,096 token files are open).
+    pub fn is_guarded(&self) -> bool {
+        self.guard.guarded()
     }
 
     /// The file.
@@ -169,21 +211,127 @@ impl TokenFile {
         self.len == 0
     }
 
-    /// Token `i`; `None` past the end, or once the file was found
-    /// truncated while mapped.
+    /// Token `i`; `None` past the end, or when it cannot be read as the
+    /// file's (the file was cut short, or a page of it could not be read).
     pub fn get(&self, i: usize) -> Option<u16> {
+        if i >= self.len {
+            return None;
+        }
         let at = self.start + 2 * i;
-        let token = (i < self.len).then(|| u16::from_le_bytes([self.map[at], self.map[at + 1]]));
-        token.filter(|_| !self.guard.damaged())
+        self.guarded_read(&self.map[at..at + 2], |b| u16::from_le_bytes([b[0], b[1]]))
+            .ok()
     }
 
-    /// The error of a read once the file was found truncated.
+    /// Runs `read` over `bytes` (a range of the map) when the file is
+    /// whole, and checks afterwards that what it read was the file's:
+    /// the read's own fault, a recovery during it, or (a last byte of
+    /// zero) a cut inside the page at the new end fail it.
+    fn guarded_read<T>(&self, bytes: &[u8], read: impl FnOnce(&[u8]) -> T) -> Result<T> {
+        let remaps = self.remaps.load(Ordering::Acquire);
+        if self.guard.damaged() {
+            return Err(self.recover());
+        }
+        let value = read(bytes);
+        // The loads above stay before the checks below (a signal fence:
+        // the fault, and so the mark, come from this thread's loads).
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if self.guard.damaged() || self.remaps.load(Ordering::Acquire) != remaps {
+            return Err(self.recover());
+        }
+        // A cut inside a page leaves that page mapped with zeros past the
+        // new end, which read without a fault: the read's bytes from the
+        // end on are zero, its last byte among them.
+        if bytes.last() == Some(&0) && self.cut_short() {
+            self.guard.mark();
+            return Err(self.truncated());
+        }
+        Ok(value)
+    }
+
+    /// Whether the file is shorter now than when it was opened.
+    fn cut_short(&self) -> bool {
+        self.file.metadata().is_ok_and(|m| m.len() < self.bytes)
+    }
+
+    /// After a read met damage: the truncation's error while the file is
+    /// short; otherwise (a page could not be read, or the file was
+    /// restored to its size) the file is mapped anew and the read fails
+    /// with a transient error, which a retry reads again.
+    fn recover(&self) -> Error {
+        let _one = crate::lock(&self.recovering);
+        let size = match self.file.metadata() {
+            Ok(m) => m.len(),
+            Err(source) => {
+                return Error::Io {
+                    path: self.path.clone(),
+                    source,
+                }
+            }
+        };
+        if size < self.bytes {
+            self.guard.mark();
+            return self.truncated();
+        }
+        if self.guard.damaged() {
+            if let Err(source) = self.remap() {
+                return Error::Io {
+                    path: self.path.clone(),
+                    source,
+                };
+            }
+            // Counted before the mark is cleared: a reader that sees the
+            // mark cleared sees the count changed, and fails its read.
+            self.remaps.fetch_add(1, Ordering::AcqRel);
+            self.guard.clear();
+        }
+        Error::Dataset {
+            path: self.path.clone(),
+            reason: format!(
+                "a page of the file could not be read (it still holds its {} bytes): mapped \
+                 anew, a retry reads it again",
+                self.bytes
+            ),
+            source: Some(Box::new(std::io::Error::from_raw_os_error(5))),
+        }
+    }
+
+    /// Maps the file anew over the whole mapping, in place: the pages a
+    /// fault replaced with zeros are the file's again.
+    fn remap(&self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: the range is this value's own mapping (alive: `&self`
+            // is borrowed), of the same length, file and protection;
+            // MAP_FIXED replaces its pages in one step, so a concurrent
+            // reader meets either the old page or the file's (the same
+            // bytes for every page the file still has; a page of zeros is
+            // what a reader discards on seeing the remap count change).
+            // Memmap's later unmap covers the same range.
+            let p = unsafe {
+                libc::mmap(
+                    self.map.as_ptr() as *mut libc::c_void,
+                    self.map.len(),
+                    libc::PROT_READ,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    self.file.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// The error of a read once the file was found cut short.
     fn truncated(&self) -> Error {
         Error::Dataset {
             path: self.path.clone(),
             reason: format!(
-                "the file was truncated while it was read (it held {} tokens when opened), \
-                 or a page of it could not be read; its reads fail from then on",
+                "the file was truncated while it was read (it held {} tokens when opened); \
+                 its reads fail until it has its size again",
                 self.len
             ),
             source: None,
@@ -207,14 +355,11 @@ impl TokenFile {
             });
         };
         let bytes = &self.map[self.start + 2 * first..self.start + 2 * end];
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
-        }
-        // A page lost to a truncation reads as zeros: not the file.
-        if self.guard.damaged() {
-            return Err(self.truncated());
-        }
-        Ok(())
+        self.guarded_read(bytes, |bytes| {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
+            }
+        })
     }
 
     /// Asks the CPU to start loading tokens `first..first + len` into its
@@ -255,18 +400,20 @@ fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
-fn map(path: &Path) -> Result<Mmap> {
-    let (file, _) = open_shard(path)?;
+/// The open file, its size and its mapping.
+fn map(path: &Path) -> Result<(std::fs::File, u64, Mmap)> {
+    let (file, bytes) = open_shard(path)?;
     // SAFETY: the map is read-only and every access is bounds-checked
     // against its length. That is sound only while no one writes the file
     // in place, which this module cannot enforce (a concurrent write
     // changes bytes behind `&[u8]`): the type's docs state the contract. A
     // truncation is SIGBUS on the next read of a lost page, which the
     // mapping's guard (mapguard.rs) turns into zeros and an error on Linux.
-    unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
+    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    Ok((file, bytes, map))
 }
 
 /// Where an epoch's windows start: which file, which token.
@@ -609,6 +756,88 @@ mod tests {
         assert_eq!(file.get(0), None);
         other.read_into(60_000, &mut out).unwrap();
         assert_eq!((out[0], other.get(1)), (10_000, Some(1)));
+    }
+
+    fn cut(path: &Path, len: u64) {
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.set_len(len).unwrap();
+    }
+
+    /// A cut inside a page leaves that page mapped, zeros past the new
+    /// end, with no fault: a read there is still an error naming the file,
+    /// never zeros.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_cut_inside_a_page_is_an_error_not_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        // 3 pages, no zero token.
+        let tokens: Vec<u16> = (0..6144u32).map(|i| (i % 50_000 + 1) as u16).collect();
+        let path = raw(dir.path(), "cut.bin", &tokens);
+        let file = TokenFile::open(&path).unwrap();
+        let mut out = vec![0u32; 100];
+        file.read_into(2304, &mut out).unwrap();
+        cut(&path, 4096 + 512);
+        // Tokens 2,048..2,304 are still the file's; 2,304.. are zeros now.
+        file.read_into(2048, &mut out[..10]).unwrap();
+        assert_eq!(out[0], 2049);
+        let err = file.read_into(2304, &mut out).unwrap_err();
+        assert!(crate::error_chain(&err).contains("cut.bin"), "{err}");
+        // A read ending just past the cut, and every read from then on.
+        assert!(file.read_into(2250, &mut out).is_err());
+        assert!(file.read_into(0, &mut out).is_err());
+        assert_eq!(file.get(2400), None);
+    }
+
+    /// Once damaged, a file is not touched again: a truncated file read on
+    /// (under the skip policy, say) does not fault page after page until
+    /// the process runs out of mappings.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_damaged_file_stops_faulting() {
+        let dir = tempfile::tempdir().unwrap();
+        // 4 MiB of tokens: 1,024 pages.
+        let tokens: Vec<u16> = (0..(2u32 << 20)).map(|i| (i % 50_000 + 1) as u16).collect();
+        let path = raw(dir.path(), "big.bin", &tokens);
+        let file = TokenFile::open(&path).unwrap();
+        cut(&path, 0);
+        let maps = || {
+            std::fs::read_to_string("/proc/self/maps")
+                .unwrap()
+                .lines()
+                .count()
+        };
+        let before = maps();
+        for p in (0..1024).step_by(2) {
+            assert!(file.read_into(p * 2048, &mut [0u32; 8]).is_err());
+        }
+        // (Other tests' threads map and unmap meanwhile: a margin.)
+        let grown = maps().saturating_sub(before);
+        assert!(grown < 64, "{grown} new mappings for 512 reads");
+    }
+
+    /// A page that faulted while the file kept (or got back) its size is
+    /// a transient error: the file is mapped anew and the next read is the
+    /// file's again, not an error for the life of the process.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_fault_on_a_whole_file_is_transient_and_mapped_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u16> = (0..8192u32).map(|i| (i % 50_000 + 1) as u16).collect();
+        let path = raw(dir.path(), "flaky.bin", &tokens);
+        let file = TokenFile::open(&path).unwrap();
+        let mut out = vec![0u32; 64];
+        // Cut at a page: the read faults (as an I/O error on page-in does).
+        cut(&path, 4096);
+        let err = file.read_into(6000, &mut out).unwrap_err();
+        assert!(!err.is_transient(), "a truncation is not transient: {err}");
+        assert!(file.read_into(6000, &mut out).is_err(), "still cut");
+        // The same bytes back, at the same size.
+        raw(dir.path(), "flaky.bin", &tokens);
+        let err = file.read_into(6000, &mut out).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        file.read_into(6000, &mut out).unwrap();
+        assert_eq!(out[0], 6001);
+        assert_eq!(file.get(8191), Some(8192));
     }
 
     fn llmc(dir: &Path, name: &str, tokens: &[u16], header: [i32; 3]) -> PathBuf {
