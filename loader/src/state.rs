@@ -10,7 +10,10 @@
 //! with [`LoaderBuilder::resume`] checks it and refuses a state saved by a
 //! loader with another source or other settings, saying what differs.
 //! The worker count, batches in flight, prefetch depth, device and RAM
-//! budget are not in it: a run may resume with any of them.
+//! budget are not in it: a run may resume with any of them. Nor is the
+//! rank: every rank is at the same batch of the same epoch, so one state
+//! (saved by rank 0, say) resumes every rank of a job of the same world
+//! size, each recomputing its own share.
 //!
 //! [`Loader::epoch_from`]: crate::Loader::epoch_from
 //! [`LoaderBuilder::resume`]: crate::LoaderBuilder::resume
@@ -18,7 +21,15 @@
 use serde::{Deserialize, Serialize};
 
 /// The format version [`LoaderState::version`] this build writes and reads.
-pub const STATE_VERSION: u32 = 1;
+pub const STATE_VERSION: u32 = 2;
+
+/// The version of the algorithms that turn `(seed, epoch, index)` into
+/// batches: the permutation, ranks' shares, the streaming plan, token
+/// windows' placement and the per-sample random streams. A state saved
+/// under another is refused. Changed whenever any of them changes; the
+/// golden tests (tests/tests/resume_golden.rs) fail when one changes
+/// without it.
+pub const ORDER_VERSION: &str = "wick-order-1";
 
 /// Where a loader is: the next batch it will deliver, and what decides
 /// which batch that is. Serializes to a few hundred bytes of JSON
@@ -41,19 +52,26 @@ pub struct LoaderState {
 
 /// What decides which samples a loader's batches hold, in which order and
 /// how they are turned into tensors: checked on resume.
+///
+/// A state written by another format version parses (fields this one
+/// adds take defaults, fields it dropped are ignored) and is then refused
+/// naming the version: every change of these fields changes
+/// [`STATE_VERSION`] (a test pins the list).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
-    /// The seed of the order and of the per-sample random streams.
+    /// The order algorithms' version ([`ORDER_VERSION`]).
+    #[serde(default)]
+    pub order_version: String,
+    /// The seed of the per-sample random streams (augmentation).
     pub seed: u64,
-    /// Whether the order is shuffled.
-    pub shuffle: bool,
+    /// The shuffle seed (`None`: not shuffled).
+    #[serde(default)]
+    pub shuffle_seed: Option<u64>,
     /// Samples per batch.
     pub batch_size: usize,
     /// Whether a last, shorter batch is dropped.
     pub drop_last: bool,
-    /// This loader's rank.
-    pub rank: usize,
-    /// Ranks in the job.
+    /// Ranks in the job (each rank's share is recomputed from it).
     pub world_size: usize,
     /// Random access, or the streaming mode with its interleave and
     /// shuffle-buffer settings.
@@ -63,6 +81,16 @@ pub struct Identity {
     /// A checksum of the source's shard table (file names and record
     /// counts); 0 for a source without shards.
     pub source_shards: u32,
+    /// The source's own checksum ([`Source::digest`](crate::Source::digest)):
+    /// names, order and lengths of what it reads.
+    #[serde(default)]
+    pub source_digest: u32,
+    /// Most pixels an image may declare: an image over it is refused.
+    #[serde(default)]
+    pub max_pixels: u64,
+    /// The bad-sample policy (which batches hold which samples).
+    #[serde(default)]
+    pub bad_samples: String,
     /// The batch's fields: name, element type, per-sample shape.
     pub fields: Vec<String>,
     /// The built-in image map's settings (transforms, output, size);
@@ -80,11 +108,17 @@ impl Identity {
                 out.push(format!("{what}: the state has {saved}, this loader {now}"));
             }
         };
+        check(
+            "order algorithms",
+            self.order_version.clone(),
+            other.order_version.clone(),
+        );
         check("seed", self.seed.to_string(), other.seed.to_string());
+        let shuffle = |s: Option<u64>| s.map_or("no shuffle".into(), |s| format!("shuffle({s})"));
         check(
             "shuffle",
-            self.shuffle.to_string(),
-            other.shuffle.to_string(),
+            shuffle(self.shuffle_seed),
+            shuffle(other.shuffle_seed),
         );
         check(
             "batch size",
@@ -97,9 +131,9 @@ impl Identity {
             other.drop_last.to_string(),
         );
         check(
-            "rank",
-            format!("{} of {}", self.rank, self.world_size),
-            format!("{} of {}", other.rank, other.world_size),
+            "world size",
+            self.world_size.to_string(),
+            other.world_size.to_string(),
         );
         check("mode", self.mode.clone(), other.mode.clone());
         check(
@@ -111,6 +145,21 @@ impl Identity {
             "source shard table checksum",
             format!("{:08x}", self.source_shards),
             format!("{:08x}", other.source_shards),
+        );
+        check(
+            "source checksum (names, order and lengths)",
+            format!("{:08x}", self.source_digest),
+            format!("{:08x}", other.source_digest),
+        );
+        check(
+            "max_pixels",
+            self.max_pixels.to_string(),
+            other.max_pixels.to_string(),
+        );
+        check(
+            "bad-sample policy",
+            self.bad_samples.clone(),
+            other.bad_samples.clone(),
         );
         check(
             "fields",
@@ -229,15 +278,18 @@ mod tests {
 
     fn identity() -> Identity {
         Identity {
+            order_version: ORDER_VERSION.into(),
             seed: 7,
-            shuffle: true,
+            shuffle_seed: Some(7),
             batch_size: 4,
             drop_last: false,
-            rank: 0,
             world_size: 1,
             mode: "random access".into(),
             source_len: 21,
             source_shards: 0,
+            source_digest: 0x1234,
+            max_pixels: 1000,
+            bad_samples: "Fail".into(),
             fields: vec!["images u8 [16, 16, 3]".into(), "labels u32 []".into()],
             map: None,
         }
@@ -259,7 +311,7 @@ mod tests {
 
         let other = Identity {
             batch_size: 8,
-            rank: 1,
+            shuffle_seed: Some(8),
             world_size: 2,
             ..identity()
         };
@@ -269,8 +321,9 @@ mod tests {
         assert_eq!(
             differences,
             [
+                "shuffle: the state has shuffle(7), this loader shuffle(8)",
                 "batch size: the state has 4, this loader 8",
-                "rank: the state has 0 of 1, this loader 1 of 2"
+                "world size: the state has 1, this loader 2"
             ]
         );
         let old = LoaderState {
@@ -279,5 +332,33 @@ mod tests {
         };
         let msg = old.check(&identity()).unwrap_err().to_string();
         assert!(msg.contains("format version: the state has 0"), "{msg}");
+        // A version-1 state, as wick wrote it, parses and is refused by
+        // its version.
+        let v1 = r#"{"version":1,"epoch":0,"batch":3,"samples":12,"identity":{"seed":5,
+            "shuffle":true,"batch_size":4,"drop_last":false,"rank":0,"world_size":1,
+            "mode":"random access","source_len":21,"source_shards":0,"fields":[],"map":null}}"#;
+        let v1: LoaderState = serde_json::from_str(v1).unwrap();
+        let msg = v1.check(&identity()).unwrap_err().to_string();
+        assert!(msg.contains("format version: the state has 1"), "{msg}");
+    }
+
+    /// The identity's fields as this format version writes them: a field
+    /// added, dropped or renamed fails this test until [`STATE_VERSION`]
+    /// changes with it (an older build then refuses the newer state by
+    /// its version instead of ignoring the new field).
+    #[test]
+    fn the_identity_fields_are_pinned_to_the_format_version() {
+        let value = serde_json::to_value(identity()).unwrap();
+        let mut names: Vec<_> = value.as_object().unwrap().keys().cloned().collect();
+        names.sort();
+        assert_eq!(
+            (STATE_VERSION, names.join(" ")),
+            (
+                2,
+                "bad_samples batch_size drop_last fields map max_pixels mode order_version \
+                 seed shuffle_seed source_digest source_len source_shards world_size"
+                    .into()
+            )
+        );
     }
 }

@@ -332,9 +332,19 @@ fn a_state_from_another_source_or_other_settings_is_refused_naming_what_differs(
     let msg = refused(images(src(), 1, 1).batch_size(8));
     assert_eq!(msg, "batch size: the state has 4, this loader 8");
     let msg = refused(images(src(), 1, 1).shuffle(8));
-    assert_eq!(msg, "seed: the state has 7, this loader 8");
+    assert_eq!(
+        msg,
+        "seed: the state has 7, this loader 8; shuffle: the state has shuffle(7), this loader \
+         shuffle(8)"
+    );
+    // The shuffle seed alone (the augmentation seed kept).
+    let msg = refused(images(src(), 1, 1).shuffle(8).seed(7));
+    assert_eq!(
+        msg,
+        "shuffle: the state has shuffle(7), this loader shuffle(8)"
+    );
     let msg = refused(images(src(), 1, 1).shard(1, 2));
-    assert_eq!(msg, "rank: the state has 0 of 1, this loader 1 of 2");
+    assert_eq!(msg, "world size: the state has 1, this loader 2");
     let msg = refused(images(src(), 1, 1).image_size(24));
     assert!(msg.starts_with("fields: the state has"), "{msg}");
     assert!(msg.contains("; map: the state has"), "{msg}");
@@ -347,7 +357,10 @@ fn a_state_from_another_source_or_other_settings_is_refused_naming_what_differs(
     let few = dir.path().join("few");
     tests::image_folder(&few, 3, 6);
     let msg = refused(images(ImageFolder::new(&few).unwrap(), 1, 1));
-    assert_eq!(msg, "source length: the state has 21, this loader 18");
+    assert!(
+        msg.starts_with("source length: the state has 21, this loader 18; source checksum"),
+        "{msg}"
+    );
     let shards = shards(dir.path(), ShardFormat::TfRecord);
     let msg = refused(
         images(TfRecord::open(&shards).unwrap(), 1, 1)

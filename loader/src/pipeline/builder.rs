@@ -459,21 +459,26 @@ impl LoaderBuilder {
         let schema =
             Arc::new(Schema::new(&map.fields(), self.batch_size)?.with_views(&map.views())?);
         let identity = Identity {
+            order_version: crate::state::ORDER_VERSION.into(),
             seed,
-            shuffle: self.shuffle.is_some(),
+            shuffle_seed: self.shuffle,
             batch_size: self.batch_size,
             drop_last: self.drop_last,
-            rank,
             world_size,
-            mode: match self.interleave {
-                Some(il) => format!(
+            mode: match (self.interleave, self.shuffle) {
+                // The buffer shuffles only a shuffled stream.
+                (Some(il), Some(_)) => format!(
                     "streaming ({il:?}, shuffle buffer {})",
                     self.shuffle_buffer.unwrap_or(1024)
                 ),
-                None => "random access".into(),
+                (Some(il), None) => format!("streaming ({il:?})"),
+                (None, _) => "random access".into(),
             },
             source_len: self.source.len(),
             source_shards: shard_table(&*self.source),
+            source_digest: self.source.digest(),
+            max_pixels: self.max_pixels,
+            bad_samples: format!("{:?}", self.bad_samples),
             fields: schema
                 .fields
                 .iter()

@@ -55,6 +55,9 @@ pub struct Loader {
     pub(super) prefetch: usize,
     /// The next batch the consumer gets ([`state`](Self::state)).
     pub(super) position: Position,
+    /// The position a resumed loader was built at, until its first epoch
+    /// is asked for: [`epoch`](Self::epoch) of that epoch resumes there.
+    pub(super) resumed: Option<Position>,
 }
 
 impl Loader {
@@ -134,6 +137,7 @@ impl Loader {
             decode_threads: handles,
             prefetch,
             position,
+            resumed: (position != Position::default()).then_some(position),
         };
         let (feeder_shared, feeder_acks) = (shared.clone(), acks.clone());
         loader.spawn("wick-feed", move || {
@@ -165,8 +169,18 @@ impl Loader {
     }
 
     /// The batches of epoch `epoch`, in order. See [`Epoch`].
+    ///
+    /// On a loader built with
+    /// [`LoaderBuilder::resume`](crate::LoaderBuilder::resume), the first
+    /// call for the saved epoch resumes where the state says (as
+    /// [`next_epoch`](Self::next_epoch)), so a loop `for e in start..n {
+    /// loader.epoch(e) }` does not train the saved epoch's first batches
+    /// again; [`epoch_from(e, 0)`](Self::epoch_from) restarts it on purpose.
     pub fn epoch(&mut self, epoch: u64) -> Epoch<'_> {
-        self.epoch_from(epoch, 0)
+        match self.resumed {
+            Some(p) if p.epoch == epoch => self.epoch_from(epoch, p.batch),
+            _ => self.epoch_from(epoch, 0),
+        }
     }
 
     /// The batches from the loader's position on ([`state`](Self::state)):
@@ -214,6 +228,7 @@ impl Loader {
     /// interrupted epoch: they equal the batches a full run yields from
     /// there. A `start` past the end gives an empty epoch.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
+        self.resumed = None;
         let plan = self.order.plan(epoch);
         let total = plan.batches.len();
         let before: Arc<[u64]> =
@@ -272,21 +287,26 @@ impl Loader {
         }
     }
 
-    /// A fingerprint of what every rank must agree on: the source's length
-    /// and shard table (file names and record counts, so a rank that
-    /// skipped a damaged shard tail differs), batches per epoch, batch
-    /// geometry and seed. Equal on every rank of a data-parallel job that
+    /// A fingerprint of what every rank must agree on: the source's length,
+    /// shard table (file names and record counts, so a rank that skipped a
+    /// damaged shard tail differs) and checksum
+    /// ([`Source::digest`](crate::Source::digest)), batches per epoch,
+    /// batch geometry and shuffle seed. Equal on every rank of a data-parallel job that
     /// sees the same data with the same settings, whatever the rank: gather
     /// it across ranks before training and stop if they differ (unequal
     /// batch counts hang an all-reduce).
     pub fn fingerprint(&self) -> u32 {
         let s = &self.shared;
+        // The shuffle seed decides the ranks' shares; the augmentation
+        // seed does not (the per-sample streams are keyed by the global
+        // index), so ranks may differ in it.
         let mut text = format!(
-            "wick-plan-v3 len {} batches {} batch {} seed {}",
+            "wick-plan-v4 len {} batches {} batch {} shuffle {:?} digest {:08x}",
             s.source.len(),
             self.len(),
             s.schema.batch,
-            s.seed
+            s.identity.shuffle_seed,
+            s.identity.source_digest,
         );
         for f in &s.schema.fields {
             let f = &f.field;

@@ -164,6 +164,10 @@ impl Source for ImageFolder {
     fn key(&self, index: usize) -> String {
         labeled_key(&self.samples, index)
     }
+
+    fn digest(&self) -> u32 {
+        super::labeled_digest(&self.samples, &self.root)
+    }
 }
 
 /// Segmentation datasets as two trees: `images/<path>.<jpg|png|...>` and

@@ -239,6 +239,11 @@ impl Source for FileList {
         self.samples.len()
     }
 
+    fn digest(&self) -> u32 {
+        let root = self.path.parent().unwrap_or(Path::new(""));
+        super::labeled_digest(&self.samples, root)
+    }
+
     fn read(&self, index: usize) -> Result<Record> {
         read_labeled(&self.samples, index, Vec::new())
     }

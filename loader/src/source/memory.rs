@@ -50,4 +50,12 @@ impl Source for MemorySource {
             .get(index)
             .map_or_else(|| format!("#{index}"), |r| r.key.clone())
     }
+
+    /// The records' keys and labels, in order.
+    fn digest(&self) -> u32 {
+        self.records.iter().fold(0, |crc, r| {
+            let crc = crc32c::crc32c_append(crc, r.key.as_bytes());
+            crc32c::crc32c_append(crc, &r.label.to_le_bytes())
+        })
+    }
 }

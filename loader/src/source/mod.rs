@@ -250,6 +250,18 @@ pub trait Source: Send + Sync + 'static {
     fn damage(&self) -> &[Damage] {
         &[]
     }
+
+    /// A checksum of what decides which record each index holds, beyond
+    /// [`len`](Self::len) and [`shards`](Self::shards): the names, order
+    /// and labels of an image folder's or file list's samples (relative
+    /// to its root, so a dataset may move), a token source's files,
+    /// lengths, window length and window order. A loader's resume state
+    /// keeps it, and a state saved over another source is refused. `0`
+    /// (the default) for a source that says nothing more; a user source
+    /// whose order can change without its length should return one.
+    fn digest(&self) -> u32 {
+        0
+    }
 }
 
 /// `Source` for smart pointers to a source, forwarding every method.
@@ -279,6 +291,9 @@ macro_rules! forward_source {
             }
             fn damage(&self) -> &[Damage] {
                 (**self).damage()
+            }
+            fn digest(&self) -> u32 {
+                (**self).digest()
             }
         }
     };
@@ -446,6 +461,16 @@ pub(crate) fn labeled_key(samples: &[(PathBuf, u32)], index: usize) -> String {
     samples
         .get(index)
         .map_or_else(|| format!("#{index}"), |(p, _)| p.display().to_string())
+}
+
+/// A checksum of labelled samples: each path relative to `root` (the
+/// full path when it is not under it) and its label, in order.
+pub(crate) fn labeled_digest(samples: &[(PathBuf, u32)], root: &Path) -> u32 {
+    samples.iter().fold(0, |crc, (path, label)| {
+        let rel = path.strip_prefix(root).unwrap_or(path);
+        let crc = crc32c::crc32c_append(crc, rel.as_os_str().as_encoded_bytes());
+        crc32c::crc32c_append(crc, &label.to_le_bytes())
+    })
 }
 
 /// Checks `index` against `len`.

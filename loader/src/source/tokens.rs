@@ -694,6 +694,25 @@ impl Source for TokenSource {
             _ => format!("window #{index}"),
         }
     }
+
+    /// Each file's name, layout and length in order, the window length and
+    /// the window order: what decides which tokens a window holds.
+    fn digest(&self) -> u32 {
+        let inner = &*self.inner;
+        let text = format!(
+            "tokens seq_len {} order {:?}",
+            inner.windows.seq_len, inner.order
+        );
+        inner
+            .files
+            .iter()
+            .fold(crc32c::crc32c(text.as_bytes()), |crc, f| {
+                let name = f.path().file_name().unwrap_or(f.path().as_os_str());
+                let crc = crc32c::crc32c_append(crc, name.as_encoded_bytes());
+                let crc = crc32c::crc32c_append(crc, format!(" {:?} ", f.layout()).as_bytes());
+                crc32c::crc32c_append(crc, &(f.len() as u64).to_le_bytes())
+            })
+    }
 }
 
 /// `name@token`, sized once and written without the formatter (`itoa`).

@@ -1,0 +1,109 @@
+//! Golden values: a fixed state and source give these batches, in this
+//! build and every later one, or the state is refused (its order
+//! algorithms' version, `ORDER_VERSION`, changed). A change of the
+//! permutation, the ranks' shares, the streaming plan, token windows or
+//! the per-sample random streams (a `rand` upgrade, say) fails here:
+//! change `ORDER_VERSION` with it, then these values.
+
+use candle_wick::fields::{Field, FieldType};
+use candle_wick::map::{map_fn, Sample, TokenWindowsMap};
+use candle_wick::source::{MemorySource, Record, TokenFile, TokenSource, WindowOrder};
+use candle_wick::{Loader, LoaderBuilder, LoaderState};
+
+/// A record per index; the map writes its label and a draw from the
+/// sample's random stream.
+fn memory() -> LoaderBuilder {
+    let records = (0..10u32)
+        .map(|i| Record::encoded(format!("r{i}"), vec![i as u8], i))
+        .collect();
+    let map = map_fn(
+        vec![Field::new("v", FieldType::U32, &[2])],
+        |s: &mut Sample<'_>| {
+            use rand::Rng;
+            let draw = s.rng().random_range(0..1000u32);
+            let label = s.record().label;
+            s.take::<u32>(0)?.copy_from_slice(&[label, draw]);
+            Ok(())
+        },
+    );
+    Loader::builder(MemorySource::new(records))
+        .map(map)
+        .batch_size(3)
+        .shuffle(42)
+        .workers(1)
+}
+
+fn values(l: &mut Loader) -> Vec<Vec<u32>> {
+    l.next_epoch()
+        .map(|b| {
+            let b = b.unwrap();
+            b.get("v")
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_fixed_state_gives_the_same_batches_in_every_version() {
+    let saved = memory().shard(1, 2).build().unwrap().state();
+    let json = serde_json::to_string(&saved).unwrap();
+    assert_eq!(json, GOLDEN_STATE, "the state's format or identity changed");
+    let state: LoaderState = serde_json::from_str(GOLDEN_STATE).unwrap();
+    let mut state = state;
+    state.epoch = 3;
+    state.batch = 1;
+    let mut l = memory().shard(1, 2).resume(state).build().unwrap();
+    assert_eq!(values(&mut l), GOLDEN_BATCHES);
+}
+
+#[test]
+fn the_permutation_and_token_windows_are_pinned() {
+    let l = memory().shard(0, 1).build().unwrap();
+    assert_eq!(l.batches(0), GOLDEN_ORDER_EPOCH_0);
+    assert_eq!(l.batches(5), GOLDEN_ORDER_EPOCH_5);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.bin");
+    let bytes: Vec<u8> = (0..1000u16).flat_map(|i| i.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).unwrap();
+    let src = TokenSource::new(
+        vec![TokenFile::open(&path).unwrap()],
+        16,
+        WindowOrder::Random,
+    )
+    .unwrap();
+    let mut l = Loader::builder(src.clone())
+        .map(TokenWindowsMap::new(&src))
+        .batch_size(4)
+        .shuffle(9)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    // The first token of each window is its offset.
+    let firsts: Vec<u32> = l
+        .epoch(1)
+        .take(2)
+        .flat_map(|b| {
+            let t = b.unwrap().get("tokens").unwrap().to_vec2::<u32>().unwrap();
+            t.into_iter().map(|w| w[0]).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(firsts, GOLDEN_TOKEN_WINDOWS);
+}
+
+const GOLDEN_STATE: &str = concat!(
+    r#"{"version":2,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-1","#,
+    r#""seed":42,"shuffle_seed":42,"batch_size":3,"drop_last":false,"world_size":2,"#,
+    r#""mode":"random access","source_len":10,"source_shards":0,"source_digest":3646669912,"#,
+    r#""max_pixels":89478485,"bad_samples":"Fail","fields":["v U32 [2]"],"map":null}}"#
+);
+/// Rank 1's last batch of epoch 3 (label, draw per sample).
+const GOLDEN_BATCHES: &[&[u32]] = &[&[1, 812, 6, 264]];
+const GOLDEN_ORDER_EPOCH_0: &[&[usize]] = &[&[4, 5, 2], &[7, 1, 6], &[3, 9, 8], &[0]];
+const GOLDEN_ORDER_EPOCH_5: &[&[usize]] = &[&[5, 3, 0], &[9, 4, 7], &[2, 8, 1], &[6]];
+/// The first two batches of epoch 1: each window's first token (its offset).
+const GOLDEN_TOKEN_WINDOWS: &[u32] = &[153, 522, 140, 920, 426, 374, 688, 388];
