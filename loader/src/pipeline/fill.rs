@@ -324,7 +324,10 @@ impl Filling {
     /// for a pass: see [`crate::tune::Gate`]).
     pub(super) fn run(self: &Arc<Self>) {
         if self.table.claimed_all() {
-            // The other runners took every sample: no need for a pass.
+            // The other runners took every sample: no need for a pass. (If
+            // this runner was started again from the gate's queue for a
+            // place that came free, the next one queued gets the place.)
+            self.shared.knobs.gate.kick();
             return;
         }
         let again = {

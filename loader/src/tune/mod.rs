@@ -185,6 +185,17 @@ impl Gate {
         st.queue.drain(..n).collect()
     }
 
+    /// Starts queued jobs there are places for: a job started again that
+    /// ends without taking its place (it found nothing left to do) calls
+    /// it, so the jobs queued behind it are not left waiting for a pass
+    /// nobody holds.
+    pub(crate) fn kick(&self) {
+        let mut st = self.lock();
+        let start = self.take_startable(&mut st);
+        drop(st);
+        self.start(start);
+    }
+
     fn start(&self, jobs: Vec<Deferred>) {
         if jobs.is_empty() {
             return;
@@ -429,6 +440,22 @@ mod tests {
         assert_eq!(gate.lock().active, 0);
         gate.set_limit(0);
         assert_eq!(gate.limit(), 1, "never below one");
+    }
+
+    #[test]
+    fn a_started_job_that_needs_no_place_hands_it_on() {
+        let gate = Arc::new(Gate::new(1));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let pass = gate.enter_or_defer(|| unreachable!()).unwrap();
+        // A runner that finds its batch done when started again: it takes
+        // no place, and must not leave the job behind it queued.
+        let g = gate.clone();
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(gate.enter_or_defer(move || g.kick()).is_none()));
+        });
+        assert!(defer_elsewhere(&gate, &ran));
+        drop(pass);
+        assert_eq!((gate.deferred(), ran.load(Relaxed)), (0, 1));
     }
 
     #[test]
