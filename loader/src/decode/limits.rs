@@ -14,15 +14,22 @@ pub(crate) const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
 
 /// What one decode may take, checked against the file's header before the
 /// decoder allocates anything large.
+///
+/// Whether an image is refused depends on the image and on fixed settings
+/// only (the pixel limit and [`MAX_ALLOC`]), never on the worker count or
+/// the RAM budget, which may change between runs (or, under AUTOTUNE,
+/// within one) while the batches must not. The budget's share of one
+/// worker, `max_bytes`, decides instead how an image is decoded: one
+/// larger than the share waits for the one [`oversize`](Limits::oversize)
+/// pass of the process, so at most one decode at a time goes past its
+/// share, and its buffers are given back after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
     /// Most pixels (width x height).
     pub(crate) max_pixels: u64,
-    /// Most bytes of decoded pixels (RGB), at most [`MAX_ALLOC`]: what
-    /// the RAM budget grants one worker's scratch.
+    /// The decoded bytes (RGB) the RAM budget grants one worker's
+    /// scratch, at most [`MAX_ALLOC`].
     pub(crate) max_bytes: u64,
-    /// How `max_bytes` was chosen, for the error.
-    pub(crate) workers: usize,
 }
 
 impl Default for Limits {
@@ -30,10 +37,16 @@ impl Default for Limits {
         Self {
             max_pixels: DEFAULT_MAX_PIXELS,
             max_bytes: MAX_ALLOC,
-            workers: 0,
         }
     }
 }
+
+/// The pass a decode larger than its worker's share holds.
+static OVERSIZE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held while a decode larger than its worker's share runs; see
+/// [`Limits::oversize`].
+pub(crate) type Oversize = std::sync::MutexGuard<'static, ()>;
 
 impl Limits {
     /// The image's size from its header, refused when it passes a limit.
@@ -50,18 +63,8 @@ impl Limits {
                  (LoaderBuilder::max_pixels raises it)",
                 self.max_pixels
             )
-        } else if pixels * 3 > self.max_bytes.min(MAX_ALLOC) {
-            if self.max_bytes < MAX_ALLOC {
-                format!(
-                    "its {} decoded bytes are more than the {} the RAM budget grants each of \
-                     {} decode workers (raise ram_budget)",
-                    pixels * 3,
-                    self.max_bytes,
-                    self.workers
-                )
-            } else {
-                format!("its {} decoded bytes are more than {MAX_ALLOC}", pixels * 3)
-            }
+        } else if pixels * 3 > MAX_ALLOC {
+            format!("its {} decoded bytes are more than {MAX_ALLOC}", pixels * 3)
         } else {
             return Ok(());
         };
@@ -71,6 +74,21 @@ impl Limits {
             height,
             reason,
         })
+    }
+}
+
+impl Limits {
+    /// The oversize pass, waited for, when the image's decoded bytes are
+    /// more than this worker's share; `None` (at once) otherwise, or when
+    /// its header cannot be read. The holder's buffers go back to the
+    /// share afterwards ([`crate::transform::Scratch`]).
+    pub(crate) fn oversize(&self, bytes: &[u8]) -> Option<Oversize> {
+        if self.max_bytes >= MAX_ALLOC {
+            return None;
+        }
+        let (width, height) = dimensions(bytes)?;
+        let decoded = u64::from(width) * u64::from(height) * 3;
+        (decoded > self.max_bytes).then(|| crate::lock(&OVERSIZE))
     }
 }
 
@@ -200,18 +218,16 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("89478485 pixels"), "{msg}");
+        // A worker's share decides how an image is decoded, never whether:
+        // one over it passes the check, and waits for the oversize pass.
         let tight = Limits {
             max_pixels: DEFAULT_MAX_PIXELS,
             max_bytes: 1_000_000,
-            workers: 2,
         };
         tight.check("small.png", &png_header(500, 600)).unwrap();
-        let msg = tight
-            .check("big.png", &png_header(1000, 1000))
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("3000000 decoded bytes"), "{msg}");
-        assert!(msg.contains("each of 2 decode workers"), "{msg}");
+        tight.check("big.png", &png_header(1000, 1000)).unwrap();
+        assert!(tight.oversize(&png_header(500, 600)).is_none());
+        assert!(tight.oversize(&png_header(1000, 1000)).is_some());
         // Not an image header: left to the decoder.
         limits.check("junk", b"not an image").unwrap();
         // A JPEG frame header alone (no tables, no scan) is enough.

@@ -140,9 +140,12 @@ impl LoaderBuilder {
     /// The most pixels (width x height) an image's header may declare: a
     /// larger one is refused before anything is allocated for it
     /// ([`Error::ImageTooLarge`], a bad sample). Default 89,478,485,
-    /// Pillow's decompression-bomb limit. Decoding is also bounded by the
-    /// RAM budget: an image whose decoded pixels would exceed what the
-    /// budget grants each decode worker is refused the same way.
+    /// Pillow's decompression-bomb limit. Whether an image is refused
+    /// depends on the image and this limit only (never on the worker count
+    /// or the RAM budget, so a resumed run refuses the same images); an
+    /// image whose decoded pixels exceed what the RAM budget grants each
+    /// decode worker is decoded while no other such image is (one at a
+    /// time in the process), and its buffers are given back after it.
     pub fn max_pixels(mut self, pixels: u64) -> Self {
         self.max_pixels = pixels;
         self

@@ -138,7 +138,6 @@ impl Shared {
         crate::decode::Limits {
             max_pixels: self.max_pixels,
             max_bytes: k.budget.decode_grant(f, p, workers),
-            workers,
         }
     }
 

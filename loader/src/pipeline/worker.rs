@@ -30,6 +30,9 @@ pub(super) fn fill_cache(
         (CacheMode::Decoded, None) => {
             let mut px = Vec::new();
             let limits = shared.decode_limits();
+            // Decoded alone when over a worker's share (the cache's own
+            // budget decides whether it is kept).
+            let _oversize = limits.oversize(&record.bytes);
             // Crops of the built-in map's images may be decoded at a
             // reduced scale (a loader with a user map has no cache).
             let out = shared.transform.as_ref().map(|t| t.out_size());

@@ -244,6 +244,9 @@ impl ImageTransform {
             (crop, flip)
         };
         let out_size = (self.width, self.height);
+        // An image over this worker's share waits for the process's one
+        // oversize pass, and gives its buffers back after.
+        let oversize = limits.oversize(bytes);
         let got = crate::decode::decode_for_crop(
             key,
             bytes,
@@ -277,6 +280,15 @@ impl ImageTransform {
                 (width * height, Size::new(width, height), crop, flip)
             }
         };
+        if oversize.is_some() {
+            let share = usize::try_from(limits.max_bytes).unwrap_or(usize::MAX);
+            for buf in [&mut *decoded, &mut *resized] {
+                buf.clear();
+                buf.shrink_to(share);
+            }
+            jpeg.shrink_to(share);
+        }
+        drop(oversize);
         Ok(Applied {
             times: SampleTimes {
                 decode: t1 - t0,

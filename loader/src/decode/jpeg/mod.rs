@@ -65,6 +65,17 @@ impl Default for Scratch {
 }
 
 impl Scratch {
+    /// Frees the planes, coefficients and rows when they hold more than
+    /// `bytes` (after a decode larger than a worker's share).
+    pub(crate) fn shrink_to(&mut self, bytes: usize) {
+        if self.bytes() > bytes {
+            self.planes = Default::default();
+            self.coefs = Default::default();
+            self.rows = Default::default();
+            self.sums = Vec::new();
+        }
+    }
+
     /// Bytes held, for the RAM budget.
     pub(crate) fn bytes(&self) -> usize {
         self.planes
