@@ -390,14 +390,17 @@ impl Inbox {
 }
 
 /// Whether the rest of an epoch whose next batch has `n` samples goes
-/// direct (where the device and the order allow it): once the map's mean
-/// cost says the batch is [`cheap`].
+/// direct (where the device and the order allow it): once the samples'
+/// mean cost, reads included, says the batch is [`cheap`]. (A source with
+/// slow reads and a cheap map stays on the feeder's path, where a batch's
+/// reads are spread over several workers; a pump reads its batch's
+/// samples one after another.)
 pub(super) fn wanted(shared: &Shared, n: usize) -> bool {
     #[cfg(test)]
     if let Some(forced) = *crate::lock(&shared.force_direct) {
         return forced;
     }
-    cheap(shared.counters.mean_sample_work(), n)
+    cheap(shared.counters.mean_sample_cost(), n)
 }
 
 /// One pump: whole batches while a buffer is free, until none is left or
@@ -815,6 +818,44 @@ mod tests {
     /// A direct batch's samples are timed as a run, not one by one: the
     /// loader still counts every sample and at least the time its map
     /// took.
+    /// Review direct-turn3 N2: a source whose reads are slow, under a
+    /// cheap map, stays on the feeder's path (a pump would read its
+    /// batch's samples one after another).
+    #[test]
+    fn slow_reads_keep_an_epoch_off_the_direct_path() {
+        use crate::source::Source;
+        struct SlowReads;
+        impl Source for SlowReads {
+            fn len(&self) -> usize {
+                12
+            }
+            fn read(&self, i: usize) -> crate::Result<Record> {
+                std::thread::sleep(Duration::from_millis(2));
+                Ok(Record::encoded(format!("s{i}"), vec![i as u8], i as u32))
+            }
+        }
+        let map = map_fn(
+            vec![Field::new("v", FieldType::U32, &[])],
+            |s: &mut Sample<'_>| {
+                s.take::<u32>(0)?[0] = s.record().label;
+                Ok(())
+            },
+        );
+        let mut l = Loader::builder(SlowReads)
+            .map(map)
+            .batch_size(3)
+            .workers(2)
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        assert_eq!(l.epoch(0).count(), 4);
+        let shared = l.shared.clone();
+        let mut e = l.epoch(1);
+        e.next().unwrap().unwrap();
+        assert!(crate::lock(&shared.direct).is_none(), "went direct");
+        assert_eq!(e.count(), 3);
+    }
+
     #[test]
     fn direct_samples_are_counted_with_their_time() {
         for direct in [Some(false), Some(true)] {

@@ -202,9 +202,12 @@ impl Iterator for Epoch<'_> {
                 // The cache and the timeline count in the RAM budget.
                 let cache = shared.cache.as_ref().map_or(0, Cache::memory)
                     + shared.trace.as_ref().map_or(0, |t| t.memory());
+                // On the direct hand-over a worker runs a whole batch on a
+                // buffer of its own: workers past the batches in flight idle.
+                let direct = crate::lock(&shared.direct).is_some();
                 shared
                     .tuner
-                    .on_batch(&shared.knobs, &shared.counters, cache, &|n| {
+                    .on_batch(&shared.knobs, &shared.counters, (cache, direct), &|n| {
                         shared.pool.set_capacity(n)
                     });
                 self.remaining -= 1;

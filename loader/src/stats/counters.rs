@@ -184,6 +184,16 @@ impl Counters {
         (n > 0).then(|| Duration::from_nanos(work / n))
     }
 
+    /// Mean time of a sample's read and map so far, if any sample was
+    /// counted: what a sample costs the thread that runs it.
+    pub(crate) fn mean_sample_cost(&self) -> Option<Duration> {
+        let n = self.samples.load(Relaxed);
+        let all = self.read_ns.load(Relaxed)
+            + self.decode_ns.load(Relaxed)
+            + self.transform_ns.load(Relaxed);
+        (n > 0).then(|| Duration::from_nanos(all / n))
+    }
+
     /// A sample was left out under the skip policy. Its key is listed once
     /// however many epochs skip it, so the list stays as long as the
     /// dataset's bad samples.

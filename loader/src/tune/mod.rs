@@ -315,7 +315,7 @@ impl Tuner {
         &self,
         knobs: &Knobs,
         counters: &Counters,
-        cache: u64,
+        (cache, direct): (u64, bool),
         set_in_flight: &dyn Fn(usize),
     ) {
         let now_knobs = || {
@@ -369,6 +369,7 @@ impl Tuner {
             },
             upload_bound: counters.upload_bound(w),
             max_workers: knobs.max_workers,
+            direct,
         };
         let Some(action) = st.policy.decide(&window) else {
             return;

@@ -106,6 +106,10 @@ pub(crate) struct Window {
     pub(crate) upload_bound: bool,
     /// The most workers there can be.
     pub(crate) max_workers: usize,
+    /// Whether the epoch runs on the direct hand-over, where a worker
+    /// fills a whole batch on a buffer of its own: a worker more than the
+    /// batches in flight has nothing to run.
+    pub(crate) direct: bool,
 }
 
 /// A step being tried: kept or undone after the next window.
@@ -208,8 +212,11 @@ impl Policy {
             let next = |k: TuneKnob| {
                 let v = w.now[k as usize];
                 let to = match k {
-                    // More workers cannot outrun a slower upload thread.
+                    // More workers cannot outrun a slower upload thread,
+                    // nor, on the direct hand-over, use more buffers than
+                    // there are (batches in flight grow first then).
                     TuneKnob::Workers if w.upload_bound => v,
+                    TuneKnob::Workers if w.direct && v >= w.now[TuneKnob::InFlight as usize] => v,
                     TuneKnob::Workers => (v + 1).min(w.max_workers),
                     _ => (2 * v).min(MAX_QUEUE),
                 };
@@ -280,6 +287,7 @@ mod tests {
             most: [4, MAX_QUEUE, MAX_QUEUE],
             upload_bound: false,
             max_workers: 4,
+            direct: false,
         }
     }
 
@@ -424,6 +432,37 @@ mod tests {
                 knob: InFlight,
                 from: 2,
                 to: 4
+            })
+        );
+    }
+
+    /// Review direct-turn3 N1: on the direct hand-over a worker past the
+    /// batches in flight has no buffer to fill, so the buffers grow first.
+    #[test]
+    fn a_direct_epoch_grows_the_buffers_before_a_worker_past_them() {
+        let mut p = Policy::new(ALL);
+        let w = Window {
+            direct: true,
+            ..window(10.0, 0.5, [2, 2, 1])
+        };
+        assert_eq!(
+            p.decide(&w),
+            Some(Grow {
+                knob: InFlight,
+                from: 2,
+                to: 4
+            })
+        );
+        let w = Window {
+            direct: true,
+            ..window(10.0, 0.5, [2, 4, 1])
+        };
+        assert_eq!(
+            p.decide(&w),
+            Some(Grow {
+                knob: Workers,
+                from: 2,
+                to: 3
             })
         );
     }
