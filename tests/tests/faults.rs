@@ -147,35 +147,43 @@ fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
     }
 }
 
-/// Token files stay memory-mapped; on Linux their mapping is guarded, so
-/// a file cut short while a loader reads it gives bad samples naming it
-/// (every window read after the first that met a lost page), not SIGBUS.
+/// `tokens` written to `path` as raw `u16`, and a loader of its
+/// non-overlapping windows of `seq_len` under the skip policy (shuffled
+/// when `shuffle` is given), with the number of windows.
 #[cfg(target_os = "linux")]
-fn a_token_file_truncated_while_mapped_is_an_error_naming_it_not_sigbus() {
+fn token_loader(
+    path: &std::path::Path,
+    tokens: impl Iterator<Item = u16>,
+    seq_len: usize,
+    shuffle: Option<u64>,
+) -> (usize, Loader) {
     use candle_wick::map::TokenWindowsMap;
     use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("train.bin");
-    let bytes: Vec<u8> = (0..65_536u32)
-        .flat_map(|i| (i as u16).to_le_bytes())
-        .collect();
-    std::fs::write(&path, bytes).unwrap();
-    let src = TokenSource::new(
-        vec![TokenFile::open(&path).unwrap()],
-        64,
-        WindowOrder::NonOverlapping,
-    )
-    .unwrap();
-    let windows = src.len();
-    let mut l = Loader::builder(src.clone())
+    let bytes: Vec<u8> = tokens.flat_map(u16::to_le_bytes).collect();
+    std::fs::write(path, bytes).unwrap();
+    let file = TokenFile::open(path).unwrap();
+    let src = TokenSource::new(vec![file], seq_len, WindowOrder::NonOverlapping).unwrap();
+    let mut b = Loader::builder(src.clone())
         .map(TokenWindowsMap::new(&src))
         .batch_size(4)
         .workers(2)
         .batches_in_flight(2)
         .prefetch(1)
-        .bad_samples(BadSamples::Skip)
-        .build()
-        .unwrap();
+        .bad_samples(BadSamples::Skip);
+    if let Some(seed) = shuffle {
+        b = b.shuffle(seed);
+    }
+    (src.len(), b.build().unwrap())
+}
+
+/// Token files stay memory-mapped; on Linux their mapping is guarded, so
+/// a file cut short while a loader reads it gives bad samples naming it
+/// (every window read after the first that met a lost page), not SIGBUS.
+#[cfg(target_os = "linux")]
+fn a_token_file_truncated_while_mapped_is_an_error_naming_it_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    let (windows, mut l) = token_loader(&path, (0..65_536u32).map(|i| i as u16), 64, None);
     // Cut to a quarter (the first 16,384 tokens: windows 0-254 whole).
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(32_768).unwrap();
@@ -200,30 +208,11 @@ fn a_token_file_truncated_while_mapped_is_an_error_naming_it_not_sigbus() {
 /// delivered: each window is the file's or a bad sample naming it.
 #[cfg(target_os = "linux")]
 fn a_token_file_cut_inside_a_page_gives_no_zeros() {
-    use candle_wick::map::TokenWindowsMap;
-    use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("train.bin");
     // Three pages of tokens, none of them zero.
-    let bytes: Vec<u8> = (0..6_144u32)
-        .flat_map(|i| (i as u16 + 1).to_le_bytes())
-        .collect();
-    std::fs::write(&path, bytes).unwrap();
-    let src = TokenSource::new(
-        vec![TokenFile::open(&path).unwrap()],
-        32,
-        WindowOrder::NonOverlapping,
-    )
-    .unwrap();
-    let windows = src.len();
-    let mut l = Loader::builder(src.clone())
-        .map(TokenWindowsMap::new(&src))
-        .batch_size(4)
-        .workers(2)
-        .shuffle(3)
-        .bad_samples(BadSamples::Skip)
-        .build()
-        .unwrap();
+    let tokens = (0..6_144u32).map(|i| i as u16 + 1);
+    let (windows, mut l) = token_loader(&path, tokens, 32, Some(3));
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(4_608).unwrap();
     drop(f);

@@ -34,6 +34,20 @@ fn records(n: u32) -> Vec<Record> {
         .collect()
 }
 
+/// `n` records in batches of `batch` through `map`: 2 pool threads, 2
+/// buffers, a prefetch depth of 1.
+fn loader(n: u32, batch: usize, map: impl crate::map::Map) -> Loader {
+    Loader::builder(MemorySource::new(records(n)))
+        .map(map)
+        .batch_size(batch)
+        .workers(2)
+        .batches_in_flight(2)
+        .prefetch(1)
+        .shard(0, 1)
+        .build()
+        .unwrap()
+}
+
 fn force(l: &Loader, direct: bool) {
     *crate::lock(&l.shared.force_direct) = Some(direct);
 }
@@ -57,15 +71,7 @@ fn a_forgotten_feeder_epoch_does_not_starve_the_next_direct_epoch() {
                 Ok(())
             },
         );
-        let mut l = Loader::builder(MemorySource::new(records(8)))
-            .map(map)
-            .batch_size(2)
-            .workers(2)
-            .batches_in_flight(2)
-            .prefetch(1)
-            .shard(0, 1)
-            .build()
-            .unwrap();
+        let mut l = loader(8, 2, map);
         let shared = l.shared.clone();
         force(&l, false);
         let e0 = l.epoch(0);
@@ -225,15 +231,7 @@ fn rayon_across_threads(direct: bool, ready: fn(&Shared) -> bool) -> Result<usiz
             Arc::clone(&j_running),
             ready,
         );
-        let mut l = Loader::builder(MemorySource::new(records(16)))
-            .map(map)
-            .batch_size(1)
-            .workers(2)
-            .batches_in_flight(2)
-            .prefetch(1)
-            .shard(0, 1)
-            .build()
-            .unwrap();
+        let mut l = loader(16, 1, map);
         force(&l, direct);
         l.shared.knobs.gate.set_limit(1);
         let _ = cell.set(Arc::downgrade(&l.shared));
