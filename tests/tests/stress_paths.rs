@@ -24,9 +24,22 @@ fn mix(mut x: u64) -> u64 {
     x
 }
 
+/// A hash of `seed` over a tree of nested `rayon::join`s `depth` deep:
+/// each level's halves may be stolen by another pool thread, whose wait
+/// for its own halves then runs whatever the pool has queued.
+fn tree(seed: u32, depth: u32) -> u32 {
+    if depth == 0 {
+        return (0..64u32).fold(seed, |h, k| h.rotate_left(5) ^ k);
+    }
+    let (a, b) = rayon::join(
+        || tree(seed.wrapping_mul(3), depth - 1),
+        || tree(seed.wrapping_add(7), depth - 1),
+    );
+    a ^ b.rotate_left(1)
+}
+
 /// `[label, draw]` per sample: the draw from the sample's random stream,
-/// combined over two halves computed with `rayon::join` (stealable by
-/// another pool thread). Sample `i % 13 == 5` is a bad sample, `i % 17 ==
+/// hashed over a tree of `rayon::join`s ([`tree`]). Sample `i % 13 == 5` is a bad sample, `i % 17 ==
 /// 3` panics; `slow` makes each sample take 2 ms (the feeder's path).
 fn map(slow: bool) -> impl candle_wick::map::Map {
     map_fn(
@@ -40,10 +53,7 @@ fn map(slow: bool) -> impl candle_wick::map::Map {
             }
             use rand::Rng;
             let draw = s.rng().random::<u32>();
-            let (a, b) = rayon::join(
-                || (0..64u32).fold(draw, |h, k| h.rotate_left(5) ^ k),
-                || (64..128u32).fold(draw, |h, k| h.rotate_left(3) ^ k),
-            );
+            let (a, b) = rayon::join(|| tree(draw, 4), || tree(!draw, 4));
             if slow {
                 std::thread::sleep(Duration::from_millis(2));
             }
