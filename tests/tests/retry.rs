@@ -331,3 +331,58 @@ fn dropping_the_epoch_stops_the_retries_at_once() {
     let second = std::time::Duration::from_secs(1);
     assert!(took.iter().all(|(_, t)| *t < second), "{took:?}");
 }
+
+/// A map that reads a file itself (as the token map reads its memory map)
+/// meets transient errors too: `retry(n)` runs it again over the same
+/// record, and the error after the last try says how many there were.
+#[test]
+fn a_transient_error_from_the_map_is_retried() {
+    use candle_wick::fields::{Field, FieldType};
+    use candle_wick::map::{map_fn, Sample};
+    let build = |retries: u32, fails: u32| {
+        // Each sample's map fails `fails` times with EIO, then works.
+        let tries: Arc<Mutex<HashMap<usize, u32>>> = Arc::default();
+        let map = map_fn(
+            vec![Field::new("v", FieldType::U32, &[])],
+            move |s: &mut Sample<'_>| {
+                let n = {
+                    let mut t = tries.lock().unwrap();
+                    let n = t.entry(s.index()).or_default();
+                    *n += 1;
+                    *n
+                };
+                if n <= fails {
+                    let eio = std::io::Error::from_raw_os_error(5);
+                    return Err(Error::Io {
+                        path: s.key().into(),
+                        source: eio,
+                    });
+                }
+                s.take::<u32>(0)?[0] = s.record().label;
+                Ok(())
+            },
+        );
+        let records = (0..8u32)
+            .map(|i| Record::encoded(format!("r{i}"), vec![1], i))
+            .collect();
+        Loader::builder(MemorySource::new(records))
+            .map(map)
+            .batch_size(4)
+            .workers(2)
+            .retry(retries)
+            .bad_samples(BadSamples::Skip)
+            .shard(0, 1)
+            .build()
+            .unwrap()
+    };
+    let mut l = build(2, 2);
+    let (good, bad) = run(&mut l);
+    assert_eq!((good, bad.len()), (8, 0), "{bad:?}");
+    assert_eq!(l.stats().read_retries, 16);
+    let (good, bad) = run(&mut build(1, 2));
+    assert_eq!((good, bad.len()), (0, 8));
+    assert!(bad[0].1.contains("after 2 tries"), "{}", bad[0].1);
+    // Without retry(n) a transient error is a bad sample at once.
+    let (good, bad) = run(&mut build(0, 1));
+    assert_eq!((good, bad.len()), (0, 8));
+}

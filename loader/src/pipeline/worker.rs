@@ -8,7 +8,7 @@ use super::{panic_message, safe_key, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
 use crate::map::{pad_fields, Sample};
-use crate::source::{read_retrying, Record};
+use crate::source::{read_retrying, retry_wait, tried, Record};
 use crate::stats::trace::LANE_DECODE;
 use crate::stats::SampleTally;
 use crate::transform::PooledScratch;
@@ -183,15 +183,36 @@ pub(super) fn process(
             t1 = now();
         }
         let schema = &shared.schema;
-        let (lens, times) = {
+        // A transient error from the map (a token window's page that
+        // could not be read: the map reads the file itself) is retried as
+        // a source's read is, under `retry(n)`; the map runs again over the
+        // same record and writes its slots anew.
+        let mut attempts = 1;
+        let (lens, times) = loop {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
-            let mut sample = Sample::new(&record, id, &schema.fields, slots, scratch);
-            let mapped = shared.map.map(&mut sample);
-            mapped.map_err(|e| (Some(record.key.clone()), e))?;
-            sample
-                .finish(&schema.fields)
-                .map_err(|e| (Some(record.key.clone()), e))?
+            let mut sample = Sample::new(&record, id, &schema.fields, slots, &mut **scratch);
+            match shared.map.map(&mut sample) {
+                Err(e)
+                    if e.is_transient()
+                        && attempts <= shared.retries
+                        && !cancel.load(Ordering::Relaxed) =>
+                {
+                    drop(sample);
+                    retry_wait(attempts, cancel);
+                    if cancel.load(Ordering::Relaxed) {
+                        return Err((Some(record.key.clone()), tried(e, attempts)));
+                    }
+                    shared.counters.read_retried();
+                    attempts += 1;
+                }
+                Err(e) => return Err((Some(record.key.clone()), tried(e, attempts))),
+                Ok(()) => {
+                    break sample
+                        .finish(&schema.fields)
+                        .map_err(|e| (Some(record.key.clone()), e))?
+                }
+            }
         };
         if schema.padded {
             let mut slots: Vec<&mut [u8]> = claim.slots().collect();
