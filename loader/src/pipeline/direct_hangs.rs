@@ -159,6 +159,11 @@ fn an_epoch_ended_by_a_failure_closes_its_channel_when_drained_by_the_consumer()
         rx.recv_timeout(Duration::from_secs(10)),
         Err(crossbeam_channel::RecvTimeoutError::Disconnected)
     );
+    // The channel closes inside `finish`, just before it returns.
+    let t = Instant::now();
+    while !feeder.is_finished() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let finished = feeder.is_finished();
     cancel.store(true, SeqCst);
     inbox.wake();
