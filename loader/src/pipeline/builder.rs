@@ -108,7 +108,10 @@ impl LoaderBuilder {
     /// [`Stats::read_retries`](crate::stats::Stats::read_retries) counts
     /// the retries. Default 0. The streaming mode retries too, except
     /// a compressed TFRecord shard (read as one sequential stream).
-    /// Dropping the epoch stops the retries: no try is made after it.
+    /// A transient error from the map (the token map reads its memory map
+    /// itself) is retried the same way: the map runs again over the same
+    /// record. Dropping the epoch stops the retries: no try is made after
+    /// it.
     /// `EIO` is retried because network and FUSE file systems report
     /// transient faults with it (and a token file's page that could not
     /// be read is reported so).
