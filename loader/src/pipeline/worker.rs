@@ -191,7 +191,7 @@ pub(super) fn process(
         let (lens, times) = loop {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
-            let mut sample = Sample::new(&record, id, &schema.fields, slots, &mut **scratch);
+            let mut sample = Sample::new(&record, id, &schema.fields, slots, scratch);
             match shared.map.map(&mut sample) {
                 Err(e)
                     if e.is_transient()
