@@ -8,7 +8,7 @@ use super::{panic_message, safe_key, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::error::{Error, Result};
 use crate::map::{pad_fields, Sample};
-use crate::source::{read_retrying, retry_wait, tried, Record};
+use crate::source::{read_retrying, retrying, Record};
 use crate::stats::trace::LANE_DECODE;
 use crate::stats::SampleTally;
 use crate::transform::PooledScratch;
@@ -187,33 +187,17 @@ pub(super) fn process(
         // could not be read: the map reads the file itself) is retried as
         // a source's read is, under `retry(n)`; the map runs again over the
         // same record and writes its slots anew.
-        let mut attempts = 1;
-        let (lens, times) = loop {
+        // (The map's errors are retried; `finish`'s, inside, are not.)
+        let on_retry = || shared.counters.read_retried();
+        let mapped = retrying(shared.retries, cancel, &on_retry, || {
             let id = (shared.seed, epoch, index);
             let slots = claim.slots();
             let mut sample = Sample::new(&record, id, &schema.fields, slots, scratch);
-            match shared.map.map(&mut sample) {
-                Err(e)
-                    if e.is_transient()
-                        && attempts <= shared.retries
-                        && !cancel.load(Ordering::Relaxed) =>
-                {
-                    drop(sample);
-                    retry_wait(attempts, cancel);
-                    if cancel.load(Ordering::Relaxed) {
-                        return Err((Some(record.key.clone()), tried(e, attempts)));
-                    }
-                    shared.counters.read_retried();
-                    attempts += 1;
-                }
-                Err(e) => return Err((Some(record.key.clone()), tried(e, attempts))),
-                Ok(()) => {
-                    break sample
-                        .finish(&schema.fields)
-                        .map_err(|e| (Some(record.key.clone()), e))?
-                }
-            }
-        };
+            shared.map.map(&mut sample)?;
+            Ok(sample.finish(&schema.fields))
+        });
+        let key = || Some(record.key.clone());
+        let (lens, times) = mapped.map_err(|e| (key(), e))?.map_err(|e| (key(), e))?;
         if schema.padded {
             let mut slots: Vec<&mut [u8]> = claim.slots().collect();
             pad_fields(&record.key, &schema.fields, &lens, &mut slots)

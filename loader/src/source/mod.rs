@@ -402,8 +402,25 @@ pub(crate) fn read_retrying(
     cancel: &std::sync::atomic::AtomicBool,
     on_retry: &dyn Fn(),
 ) -> Result<Record> {
+    let mut bytes = Some(bytes);
+    retrying(retries, cancel, on_retry, || {
+        source.read_parts(index, parts, bytes.take().unwrap_or_default())
+    })
+}
+
+/// Runs `attempt` until it succeeds, fails with an error that is not
+/// transient, was tried `retries` more times, or `cancel` is set: waiting
+/// as [`retry_wait`] says and calling `on_retry` before each retry. The
+/// error after more than one try says how many ([`Error::Retried`]). A
+/// source's reads ([`read_retrying`]) and a map's run are retried so.
+pub(crate) fn retrying<T>(
+    retries: u32,
+    cancel: &std::sync::atomic::AtomicBool,
+    on_retry: &dyn Fn(),
+    mut attempt: impl FnMut() -> Result<T>,
+) -> Result<T> {
     use std::sync::atomic::Ordering;
-    let mut result = source.read_parts(index, parts, bytes);
+    let mut result = attempt();
     let mut attempts = 1;
     while let Err(e) = &result {
         if attempts > retries || !e.is_transient() {
@@ -415,7 +432,7 @@ pub(crate) fn read_retrying(
         }
         on_retry();
         attempts += 1;
-        result = source.read_parts(index, parts, Vec::new());
+        result = attempt();
     }
     result.map_err(|e| tried(e, attempts))
 }

@@ -213,11 +213,8 @@ impl Gate {
     }
 
     pub(crate) fn set_limit(&self, n: usize) {
-        let mut st = self.lock();
-        st.limit = n.max(1);
-        let start = self.take_startable(&mut st);
-        drop(st);
-        self.start(start);
+        self.lock().limit = n.max(1);
+        self.kick();
     }
 
     /// Jobs waiting for a pass.
