@@ -204,10 +204,11 @@ impl Iterator for Epoch<'_> {
                     + shared.trace.as_ref().map_or(0, |t| t.memory());
                 // On the direct hand-over a worker runs a whole batch on a
                 // buffer of its own: workers past the batches in flight idle.
-                let direct = crate::lock(&shared.direct).is_some();
+                // Asked only when a window closes.
+                let direct = || crate::lock(&shared.direct).is_some();
                 shared
                     .tuner
-                    .on_batch(&shared.knobs, &shared.counters, (cache, direct), &|n| {
+                    .on_batch(&shared.knobs, &shared.counters, (cache, &direct), &|n| {
                         shared.pool.set_capacity(n)
                     });
                 self.remaining -= 1;

@@ -312,7 +312,7 @@ impl Tuner {
         &self,
         knobs: &Knobs,
         counters: &Counters,
-        (cache, direct): (u64, bool),
+        (cache, direct): (u64, &dyn Fn() -> bool),
         set_in_flight: &dyn Fn(usize),
     ) {
         let now_knobs = || {
@@ -366,7 +366,7 @@ impl Tuner {
             },
             upload_bound: counters.upload_bound(w),
             max_workers: knobs.max_workers,
-            direct,
+            direct: direct(),
         };
         let Some(action) = st.policy.decide(&window) else {
             return;
