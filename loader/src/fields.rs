@@ -39,6 +39,22 @@ impl FieldType {
     pub fn size(self) -> usize {
         DType::from(self).size_in_bytes()
     }
+
+    /// Whether candle's CUDA backend can operate on a tensor of this type:
+    /// `Err` says what to use instead. candle-core 0.11's CUDA kernels
+    /// (candle-kernels `cast.cu`, `binary.cu`, `reduce.cu`) cover u8, u32,
+    /// i64, bf16, f16, f32 and f64; for i16 and i32 there is no cast
+    /// (`to_dtype` fails with "named symbol not found", and
+    /// `cuda_backend/mod.rs` `to_dtype` refuses them as targets), no binary
+    /// op and no reduction, so a batch field of either would be a tensor
+    /// candle cannot use. bf16 kernels need compute capability 8.0 or newer.
+    pub fn cuda_support(self) -> std::result::Result<(), &'static str> {
+        match self {
+            FieldType::I16 => Err("i64 (or f32, which holds every i16 exactly)"),
+            FieldType::I32 => Err("i64 (or f64, which holds every i32 exactly)"),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl From<FieldType> for DType {
@@ -341,6 +357,24 @@ impl Schema {
         self.fields.iter().position(|f| f.field.name == name)
     }
 
+    /// Refuses a field `device` cannot operate on (see
+    /// [`FieldType::cuda_support`]), naming it and what to use instead.
+    pub(crate) fn check_device(&self, device: &candle_core::Device) -> Result<()> {
+        if !device.is_cuda() {
+            return Ok(());
+        }
+        for f in &self.fields {
+            if let Err(instead) = f.field.dtype.cuda_support() {
+                return Err(Error::InvalidConfig(format!(
+                    "field {:?} is {:?}, which candle's CUDA backend cannot cast or compute \
+                     on (no kernels for it); declare it as {instead}",
+                    f.field.name, f.field.dtype
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The names of the fields, then of the views, in a batch's order.
     pub(crate) fn names(&self) -> Vec<String> {
         let fields = self.fields.iter().map(|f| f.field.name.clone());
@@ -359,6 +393,27 @@ impl Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_types_candle_can_use_on_cuda_pass_the_device_check() {
+        let ok = [
+            FieldType::U8,
+            FieldType::U32,
+            FieldType::I64,
+            FieldType::BF16,
+            FieldType::F16,
+            FieldType::F32,
+            FieldType::F64,
+        ];
+        assert!(ok.iter().all(|t| t.cuda_support().is_ok()));
+        for t in [FieldType::I16, FieldType::I32] {
+            let instead = t.cuda_support().unwrap_err();
+            assert!(instead.starts_with("i64"), "{t:?}: {instead}");
+        }
+        // On the CPU every type is fine.
+        let s = Schema::new(&[Field::new("small", FieldType::I16, &[3])], 4).unwrap();
+        s.check_device(&candle_core::Device::Cpu).unwrap();
+    }
 
     #[test]
     fn a_schema_lays_out_regions_and_adds_length_fields() {

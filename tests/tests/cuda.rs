@@ -331,12 +331,14 @@ fn skipped_samples_dropped_epochs_and_held_batches_stay_correct() {
     }
 }
 
-/// A user map of many fields and element types (u8, i16, i64, bf16, f32,
-/// f64, a padded f32 field with its count), with skipped samples: every
-/// field on both CUDA device kinds equals the CPU's, read back through a
-/// consumer-side op on the consumer's stream. The schema's packed regions
-/// (pinned buffer and ring slot alike) and the per-field copies are what
-/// this checks.
+/// A user map of every field type candle's CUDA backend computes on (u8,
+/// u32, i64, bf16, f16, f32, f64, a padded f32 field with its count), with
+/// skipped samples: every field on both CUDA device kinds equals the CPU's,
+/// read back after consumer-side ops on the consumer's stream in the
+/// field's own type (`t + t`, an affine) and after casts to f32 and f64.
+/// The schema's packed regions (pinned buffer and ring slot alike) and the
+/// per-field copies are what this checks. i16 and i32, which candle has no
+/// CUDA kernels for, are refused at `build()` with the field's name.
 #[test]
 fn a_user_map_of_every_field_type_equals_the_cpu() {
     use candle_wick::fields::{Field, FieldType};
@@ -347,56 +349,76 @@ fn a_user_map_of_every_field_type_equals_the_cpu() {
         .collect();
     let fields = vec![
         Field::new("bytes", FieldType::U8, &[7]),
-        Field::new("small", FieldType::I16, &[3]),
+        Field::new("count", FieldType::U32, &[3]),
         Field::new("id", FieldType::I64, &[]),
         Field::new("half", FieldType::BF16, &[2, 2]),
+        Field::new("ieee_half", FieldType::F16, &[2]),
         Field::new("wide", FieldType::F64, &[1]),
         Field::padded("boxes", FieldType::F32, &[5, 4], -1.0),
     ];
-    let build = |device: &Device| {
-        let map = map_fn(fields.clone(), |s: &mut Sample<'_>| {
+    let build = |device: &Device, fields: Vec<Field>| {
+        let map = map_fn(fields, |s: &mut Sample<'_>| {
             let i = s.index();
             if i % 11 == 3 {
                 return Err(candle_wick::Error::sample(s.key(), "skipped on purpose"));
             }
             s.take::<u8>(0)?.copy_from_slice(&s.record().bytes);
-            s.take::<i16>(1)?
-                .copy_from_slice(&[-(i as i16), 7, i as i16 * 3]);
+            s.take::<u32>(1)?
+                .copy_from_slice(&[i as u32, 7, i as u32 * 3]);
             s.take::<i64>(2)?[0] = (i as i64) << 40;
             for (k, v) in s.take::<half::bf16>(3)?.iter_mut().enumerate() {
                 *v = half::bf16::from_f32(i as f32 + k as f32 / 4.0);
             }
-            s.take::<f64>(4)?[0] = i as f64 / 3.0;
+            for (k, v) in s.take::<half::f16>(4)?.iter_mut().enumerate() {
+                *v = half::f16::from_f32(i as f32 / 8.0 + k as f32);
+            }
+            s.take::<f64>(5)?[0] = i as f64 / 3.0;
             let n = i % 6;
-            for (k, v) in s.take::<f32>(5)?[..4 * n.min(5)].iter_mut().enumerate() {
+            for (k, v) in s.take::<f32>(6)?[..4 * n.min(5)].iter_mut().enumerate() {
                 *v = (i * 100 + k) as f32;
             }
-            s.set_len(5, n.min(5))
+            s.set_len(6, n.min(5))
         });
         on(Loader::builder(MemorySource::new(records.clone())), device)
             .map(map)
             .batch_size(16)
             .bad_samples(BadSamples::Skip)
             .build()
-            .unwrap()
     };
-    // Every field as f64 values, read back after a consumer-side op.
+    // Every field, as the consumer would use it: `t + t` and an affine in
+    // its own type, then casts to f32 and f64, each read back as f64 (the
+    // values are exact in every type used).
     let read = |mut loader: Loader| -> Vec<Vec<f64>> {
         let mut out = Vec::new();
         for b in loader.epoch(0) {
             let b = b.unwrap();
             for (_, t) in b.fields() {
-                let t = (t.to_dtype(DType::F64).unwrap() * 1.0).unwrap();
-                out.push(t.flatten_all().unwrap().to_vec1::<f64>().unwrap());
+                let twice = (t + t).unwrap().affine(0.5, 0.0).unwrap();
+                for dtype in [DType::F32, DType::F64] {
+                    let v = twice.to_dtype(dtype).unwrap().to_dtype(DType::F64).unwrap();
+                    out.push(v.flatten_all().unwrap().to_vec1::<f64>().unwrap());
+                }
             }
         }
         out
     };
-    let cpu = read(build(&Device::Cpu));
+    let cpu = read(build(&Device::Cpu, fields.clone()).unwrap());
     for (kind, device) in devices() {
         assert!(
-            read(build(&device)) == cpu,
+            read(build(&device, fields.clone()).unwrap()) == cpu,
             "{kind}: a field differs from the CPU"
         );
+        for t in [FieldType::I16, FieldType::I32] {
+            let mut with = fields.clone();
+            with[1] = Field::new("count", t, &[3]);
+            let err = match build(&device, with) {
+                Ok(_) => panic!("{kind}: a {t:?} field was accepted on CUDA"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                err.contains("\"count\"") && err.contains("i64"),
+                "{kind} {t:?}: {err}"
+            );
+        }
     }
 }

@@ -464,6 +464,7 @@ impl LoaderBuilder {
         };
         let schema =
             Arc::new(Schema::new(&map.fields(), self.batch_size)?.with_views(&map.views())?);
+        schema.check_device(&self.device)?;
         let identity = Identity {
             order_version: crate::state::ORDER_VERSION.into(),
             seed,
