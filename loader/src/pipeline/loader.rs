@@ -377,6 +377,15 @@ impl Loader {
         }
         let mut stats = self.shared.counters.snapshot();
         stats.pinned_buffers = self.shared.pool.kept();
+        stats.step_slowdown = self
+            .shared
+            .tuner
+            .step_slowdown()
+            .map(|(ratio, workers, step)| crate::stats::StepSlowdown {
+                ratio,
+                workers,
+                step: std::time::Duration::from_secs_f64(step),
+            });
         let scratch = &self.shared.knobs.budget.scratch;
         (stats.decode_scratches, stats.decode_scratch_bytes) = (scratch.count(), scratch.memory(0));
         stats

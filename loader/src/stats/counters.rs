@@ -84,6 +84,10 @@ pub(crate) struct Counters {
     skipped_total: AtomicU64,
     /// Reads tried again after a transient error.
     read_retries: AtomicU64,
+    /// The consumer's wait for the loader's first batch, and the upload
+    /// thread's time on it (0: not yet).
+    first_batch_ns: AtomicU64,
+    first_upload_ns: AtomicU64,
     clock: Mutex<Clock>,
 }
 
@@ -218,6 +222,9 @@ impl Counters {
         self.in_flight.fetch_sub(1, Relaxed);
         self.batches_ready.fetch_add(1, Relaxed);
         self.upload_ns.fetch_add(ns(upload), Relaxed);
+        let _ = self
+            .first_upload_ns
+            .compare_exchange(0, ns(upload).max(1), Relaxed, Relaxed);
     }
 
     /// A host-to-device copy of `bytes` took `time` on the device (CUDA:
@@ -253,6 +260,9 @@ impl Counters {
         self.last_wait_ns.store(w, Relaxed);
         self.ready_sum.fetch_add(ready as u64, Relaxed);
         if first {
+            let _ = self
+                .first_batch_ns
+                .compare_exchange(0, w.max(1), Relaxed, Relaxed);
             self.startup_wait_ns.fetch_add(w, Relaxed);
             return;
         }
@@ -294,6 +304,11 @@ impl Counters {
     /// Total consumer wait so far, excluding the epochs' first batches.
     pub(crate) fn steady_wait(&self) -> Duration {
         Duration::from_nanos(self.wait_ns.load(Relaxed))
+    }
+
+    /// Total consumer wait so far, the epochs' first batches included.
+    pub(crate) fn all_wait(&self) -> Duration {
+        Duration::from_nanos(self.wait_ns.load(Relaxed) + self.startup_wait_ns.load(Relaxed))
     }
 
     /// Whether the one upload thread, not the decode workers, sets the
@@ -440,6 +455,14 @@ impl Counters {
             skipped: crate::lock(&self.skipped_keys).0.clone(),
             skipped_samples: self.skipped_total.load(Relaxed),
             read_retries: self.read_retries.load(Relaxed),
+            consumer_step: Duration::from_nanos(
+                ns(wall.saturating_sub(wait + startup))
+                    .checked_div(delivered)
+                    .unwrap_or(0),
+            ),
+            step_slowdown: None,
+            first_batch: Duration::from_nanos(self.first_batch_ns.load(Relaxed)),
+            first_upload: Duration::from_nanos(self.first_upload_ns.load(Relaxed)),
         }
     }
 }

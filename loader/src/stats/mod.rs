@@ -101,6 +101,33 @@ pub struct Stats {
     /// Reads tried again after a transient error
     /// ([`LoaderBuilder::retry`](crate::LoaderBuilder::retry)).
     pub read_retries: u64,
+    /// The training loop's own time per batch: from taking a batch to
+    /// asking for the next, waits excluded (its step, as the loader sees
+    /// it).
+    pub consumer_step: Duration,
+    /// How much longer the step is beside the loader's workers now than
+    /// it was at the fewest workers AUTOTUNE measured (`None` with fixed
+    /// workers, or before two counts were measured).
+    pub step_slowdown: Option<StepSlowdown>,
+    /// The consumer's wait for the loader's first batch (zero before it).
+    pub first_batch: Duration,
+    /// The upload thread's time on the first batch it made ready: on
+    /// CUDA it includes one-time setup (loading kernels, which the driver
+    /// compiles from PTX on a process's first use).
+    pub first_upload: Duration,
+}
+
+/// The consumer's step beside the loader's workers against its time at
+/// fewer workers, as AUTOTUNE measured them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct StepSlowdown {
+    /// The step now over the step at `workers`.
+    pub ratio: f64,
+    /// The fewest workers measured.
+    pub workers: usize,
+    /// The mean step at that count.
+    pub step: Duration,
 }
 
 impl Stats {
@@ -213,6 +240,40 @@ impl std::fmt::Display for Verdict {
 }
 
 impl Stats {
+    fn step_line(&self) -> String {
+        match self.step_slowdown {
+            Some(s) => format!(
+                "{:.2?} per batch, {:.2}x its {:.2?} at {} worker{} (AUTOTUNE keeps no worker that lengthens it by more than it shortens the wait)",
+                self.consumer_step,
+                s.ratio,
+                s.step,
+                s.workers,
+                if s.workers == 1 { "" } else { "s" }
+            ),
+            None => format!("{:.2?} per batch", self.consumer_step),
+        }
+    }
+
+    fn first_batch_line(&self) -> String {
+        if self.first_batch.is_zero() {
+            return String::new();
+        }
+        let mean = self.upload_per_batch;
+        let setup = self.first_upload > Duration::from_millis(250) && self.first_upload > 10 * mean;
+        format!(
+            "; first batch after {:.2?}{}",
+            self.first_batch,
+            if setup {
+                format!(
+                    ", {:.2?} of it the first upload against {:.2?} for later ones: one-time device setup (on CUDA, the driver compiles PTX kernels on a process's first use and caches them in ~/.nv/ComputeCache for later runs)",
+                    self.first_upload, mean
+                )
+            } else {
+                String::new()
+            }
+        )
+    }
+
     /// A few lines: throughput, the consumer's waits, per-stage rates,
     /// queue occupancy, memory, and the verdict.
     pub fn report(&self) -> String {
@@ -228,6 +289,7 @@ impl Stats {
             "{:.0} samples/s, {} workers; consumer wait p50 {:.2?} p99 {:.2?} total {:.2?} ({:.1}% of {:.2?}), startup {:.2?}\n\
              stages (samples/s at this worker count): read {}, decode {}, transform {}, workers {}, upload {}\n\
              prefetch queue: {:.1} batches ready on average, {} batches found it empty; memory {:.1} MB (peak {:.1} MB; decode scratch {:.1} MB in {}){}{}\n\
+             training step: {}{}\n\
              verdict: {}",
             self.samples_per_sec,
             self.workers,
@@ -272,6 +334,8 @@ impl Stats {
             } else {
                 String::new()
             },
+            self.step_line(),
+            self.first_batch_line(),
             self.verdict
         )
     }

@@ -1,17 +1,22 @@
 //! AUTOTUNE: the loader sizes its own parallelism, batches in flight and
 //! prefetch depth from what it measures, within a RAM budget.
 //!
-//! Like tf.data's autotuner it is a hill climb, but driven by the number
-//! that matters, the consumer's wait: while the training loop waits (more
-//! than 5% of a window), grow one knob (decode workers by one first,
-//! unless the measured per-stage times say the upload thread is the slower
-//! stage; then batches in flight, then prefetch, each doubled) and keep a
-//! worker more only if throughput rose, more buffers unless throughput
-//! fell (a step undone is not retried for 50 windows);
-//! while it never waits, try giving a worker back and keep that only if
-//! throughput held, never going below a worker count that was once grown
-//! past because the consumer waited. Windows are at least 8 batches and
-//! 0.2 s, and run across epochs. Explicit settings are left alone.
+//! Like tf.data's autotuner it is a hill climb, but driven by the numbers
+//! that matter, the consumer's wait and its own step time: while the
+//! training loop waits (more than 5% of a window), grow one knob (decode
+//! workers first, in proportion to the wait, up to 4x a step, unless the
+//! measured per-stage times say the upload thread is the slower stage;
+//! then batches in flight, then prefetch, each doubled). A worker count is
+//! kept only if the batch cycle (the consumer's step plus its wait) got 3%
+//! shorter: a worker that lengthens the step by more than it shortens the
+//! wait is undone, and a count that did not help caps the next tries,
+//! which halve the gap to it, for 50 windows. More buffers are kept (they
+//! cost memory within the budget, no CPU). While the consumer never waits,
+//! give workers back, a quarter of the surplus at a time, and keep that
+//! only if throughput held, never going below a count once grown past
+//! because the consumer waited. Windows are at least 8 batches and 0.2 s,
+//! or 2 batches and 0.5 s at low rates, and run across epochs. Explicit
+//! settings are left alone.
 
 mod budget;
 mod policy;
@@ -57,10 +62,19 @@ impl From<usize> for Setting {
     }
 }
 
-/// A window is at least this many batches...
+/// A window is at least this many batches and [`WINDOW_TIME`] long...
 const WINDOW_BATCHES: u64 = 8;
 /// ...and at least this long.
 const WINDOW_TIME: Duration = Duration::from_millis(200);
+/// ...or, at a low rate, at least 2 batches and this long: a window is
+/// bounded in time, so one worker's slow batches do not hold the ramp for
+/// seconds.
+const WINDOW_TIME_LOW_RATE: Duration = Duration::from_millis(500);
+
+/// Whether a window of `batches` over `dt` is long enough to judge.
+pub(crate) fn window_closes(batches: u64, dt: Duration) -> bool {
+    (batches >= WINDOW_BATCHES && dt >= WINDOW_TIME) || (batches >= 2 && dt >= WINDOW_TIME_LOW_RATE)
+}
 
 /// Most batches in flight or prefetched AUTOTUNE goes to.
 pub(crate) const MAX_QUEUE: usize = 8;
@@ -270,6 +284,7 @@ struct State {
     window_start: Instant,
     batches_at: u64,
     wait_at: Duration,
+    all_wait_at: Duration,
     policy: Policy,
     history: Vec<TuneStep>,
 }
@@ -292,6 +307,7 @@ impl Tuner {
                 window_start: Instant::now(),
                 batches_at: 0,
                 wait_at: Duration::ZERO,
+                all_wait_at: Duration::ZERO,
                 policy: Policy::new(auto),
                 history: Vec::new(),
             }),
@@ -304,6 +320,11 @@ impl Tuner {
 
     pub(crate) fn history(&self) -> Vec<TuneStep> {
         crate::lock(&self.state).history.clone()
+    }
+
+    /// See [`Policy::step_slowdown`].
+    pub(crate) fn step_slowdown(&self) -> Option<(f64, usize, f64)> {
+        crate::lock(&self.state).policy.step_slowdown()
     }
 
     /// Called after each delivered batch; may turn a knob. `set_in_flight`
@@ -334,19 +355,25 @@ impl Tuner {
         let now = Instant::now();
         let dt = now.duration_since(st.window_start);
         let batches = counters.delivered().saturating_sub(st.batches_at);
-        if batches < WINDOW_BATCHES || dt < WINDOW_TIME {
+        if !window_closes(batches, dt) {
             return;
         }
         let rate = batches as f64 / dt.as_secs_f64();
         let waited = counters.steady_wait().saturating_sub(st.wait_at);
         let wait_share = waited.as_secs_f64() / dt.as_secs_f64();
+        // The consumer's own time: the window less every wait in it (an
+        // epoch's first batch too, which the wait share leaves out).
+        let all_waited = counters.all_wait().saturating_sub(st.all_wait_at);
+        let step = dt.saturating_sub(all_waited).as_secs_f64() / batches as f64;
         st.window_start = now;
         st.batches_at = counters.delivered();
         st.wait_at = counters.steady_wait();
+        st.all_wait_at = counters.all_wait();
         let [w, f, p] = now_knobs();
         let window = Window {
             rate,
             wait_share,
+            step,
             now: [w, f, p],
             most: {
                 // Per knob, the most it can take (alone) within the budget.

@@ -97,6 +97,9 @@ pub(crate) struct Window {
     pub(crate) rate: f64,
     /// Share of the window the consumer waited for a batch.
     pub(crate) wait_share: f64,
+    /// The consumer's own time per batch (seconds): its training step,
+    /// from one batch to its next request, waits excluded.
+    pub(crate) step: f64,
     /// Workers, batches in flight and prefetch depth, by [`TuneKnob`].
     pub(crate) now: [usize; 3],
     /// The most of each (alone, the others as they are) that fits the RAM
@@ -118,6 +121,8 @@ struct Trial {
     knob: TuneKnob,
     old: usize,
     rate_before: f64,
+    /// The consumer's step before it.
+    step_before: f64,
     shrink: bool,
 }
 
@@ -134,6 +139,16 @@ pub(crate) struct Policy {
     /// Workers below which the consumer waited (a grown worker count that
     /// helped, or a shrink that hurt): never shrink below it.
     floor: usize,
+    /// Windows the floor still holds (then it comes down by one and the
+    /// count below is tried again: one noisy window must not pin the
+    /// workers for good).
+    floor_left: u32,
+    /// The consumer's step at the fewest workers measured: that count, and
+    /// the sum and number of its windows' steps (the baseline of
+    /// [`Policy::step_slowdown`]).
+    fewest: Option<(usize, f64, u32)>,
+    /// The latest window's workers and step.
+    last: Option<(usize, f64)>,
 }
 
 impl Policy {
@@ -145,7 +160,31 @@ impl Policy {
             ceiling: [usize::MAX; 3],
             ceiling_left: [0; 3],
             floor: 1,
+            floor_left: 0,
+            fewest: None,
+            last: None,
         }
+    }
+
+    /// The consumer's step in the latest window against its mean over the
+    /// windows at the fewest workers measured, with that count and mean
+    /// (seconds): how much the loader's extra workers lengthen the step.
+    /// `None` until windows at two worker counts were measured.
+    pub(crate) fn step_slowdown(&self) -> Option<(f64, usize, f64)> {
+        let (workers, sum, n) = self.fewest?;
+        let (now_workers, step) = self.last?;
+        let base = sum / f64::from(n);
+        (now_workers > workers && base > 0.0).then(|| (step / base, workers, base))
+    }
+
+    fn measure_step(&mut self, w: &Window) {
+        let workers = w.now[TuneKnob::Workers as usize];
+        self.last = Some((workers, w.step));
+        self.fewest = match self.fewest {
+            Some((k, sum, n)) if k == workers => Some((k, sum + w.step, n + 1)),
+            Some((k, ..)) if k < workers => self.fewest,
+            _ => Some((workers, w.step, 1)),
+        };
     }
 
     fn owns(&self, k: TuneKnob) -> bool {
@@ -167,6 +206,7 @@ impl Policy {
     /// in flight, then prefetch), within the budget and below a value that
     /// did not help; while it waited under 1%, try one worker fewer.
     pub(crate) fn decide(&mut self, w: &Window) -> Option<TuneAction> {
+        self.measure_step(w);
         for (c, left) in self.ceiling.iter_mut().zip(&mut self.ceiling_left) {
             if *left > 0 {
                 *left -= 1;
@@ -175,10 +215,31 @@ impl Policy {
                 }
             }
         }
+        if self.floor_left > 0 {
+            self.floor_left -= 1;
+            if self.floor_left == 0 {
+                self.floor -= 1;
+            }
+        }
         if let Some(t) = self.trial.take() {
-            // Only worker steps are trials (queue steps are kept).
+            // Only worker steps are trials (queue steps are kept). A
+            // batch's cycle is the consumer's step plus its wait, and the
+            // rate is one over it: a worker more is kept only when it
+            // shortened the wait by more than it lengthened the step (its
+            // core taken from the training loop), by 3% of the cycle.
+            // A worker fewer is kept when the cycle held (within 3%) and
+            // the consumer still barely waits, or when the consumer's step
+            // got 3% shorter (the worker was slowing it) and the cycle held
+            // within a window's noise (5%).
             let kept = if t.shrink {
-                w.rate >= 0.97 * t.rate_before && w.wait_share <= INPUT_BOUND_SHARE
+                let shorter = w.step <= 0.97 * t.step_before;
+                (w.rate >= 0.97 * t.rate_before && w.wait_share <= INPUT_BOUND_SHARE)
+                    || (shorter && w.rate >= 0.95 * t.rate_before)
+            } else if w.step > 1.03 * t.step_before {
+                // The step got longer (a worker took its core): the
+                // cycle must shorten by more than a window's noise for
+                // that to be a win, not 3%.
+                w.rate >= 1.10 * t.rate_before
             } else {
                 w.rate >= 1.03 * t.rate_before
             };
@@ -186,42 +247,67 @@ impl Policy {
             if kept {
                 if !t.shrink && t.knob == TuneKnob::Workers {
                     // Fewer workers left the consumer waiting.
-                    self.floor = now;
+                    self.floor = t.old + 1;
+                    self.floor_left = CEILING_WINDOWS;
                 }
-                return None;
-            }
-            if t.shrink {
-                self.floor = t.old;
+                // Judged on this window, which also measured the kept
+                // setting: the next step may be taken at once (a ramp of
+                // one window per step, not two).
+                if t.shrink || w.wait_share <= INPUT_BOUND_SHARE {
+                    return None;
+                }
             } else {
-                self.ceiling[t.knob as usize] = now;
-                self.ceiling_left[t.knob as usize] = CEILING_WINDOWS;
+                if t.shrink {
+                    // This count was too few: the next shrink stops above
+                    // it (the refinement), for a while.
+                    self.floor = now + 1;
+                    self.floor_left = CEILING_WINDOWS;
+                } else {
+                    self.ceiling[t.knob as usize] = now;
+                    self.ceiling_left[t.knob as usize] = CEILING_WINDOWS;
+                }
+                return Some(TuneAction::Revert {
+                    knob: t.knob,
+                    from: now,
+                    to: t.old,
+                    rate: w.rate,
+                    before: t.rate_before,
+                });
             }
-            return Some(TuneAction::Revert {
-                knob: t.knob,
-                from: now,
-                to: t.old,
-                rate: w.rate,
-                before: t.rate_before,
-            });
         }
         if w.wait_share > INPUT_BOUND_SHARE {
-            // The value a growth of `k` tries: a worker more (each costs a
-            // core), or twice the buffers (they cost only memory, so the
-            // climb takes three steps to the queue limit, not seven), within
-            // the budget and below a value that did not help.
+            // The value a growth of `k` tries. Workers grow in proportion
+            // to the wait: a consumer that waits a share `s` of its cycle
+            // needs the loader `1 / (1 - s)` times as fast, so that many
+            // times the workers if they scale (at most 4x a step, at least
+            // one more), which reaches 192 cores from 1 in four steps.
+            // Below a count that did not help, the step halves the gap to
+            // it instead (the refinement). Buffers double (they cost only
+            // memory, so the climb takes three steps to the queue limit).
+            // All within the budget and below a value that did not help.
             let next = |k: TuneKnob| {
                 let v = w.now[k as usize];
+                let ceiling = self.ceiling[k as usize];
                 let to = match k {
                     // More workers cannot outrun a slower upload thread,
                     // nor, on the direct hand-over, use more buffers than
                     // there are (batches in flight grow first then).
                     TuneKnob::Workers if w.upload_bound => v,
                     TuneKnob::Workers if w.direct && v >= w.now[TuneKnob::InFlight as usize] => v,
-                    TuneKnob::Workers => (v + 1).min(w.max_workers),
+                    TuneKnob::Workers => {
+                        let factor = (1.0 / (1.0 - w.wait_share).max(0.25)).min(4.0);
+                        let mut to = ((v as f64 * factor).ceil() as usize).max(v + 1);
+                        if w.direct {
+                            to = to.min(w.now[TuneKnob::InFlight as usize]);
+                        }
+                        if ceiling != usize::MAX {
+                            to = to.min(v + (ceiling.saturating_sub(v) / 2).max(1));
+                        }
+                        to.min(w.max_workers)
+                    }
                     _ => (2 * v).min(MAX_QUEUE),
                 };
-                let below = self.ceiling[k as usize].saturating_sub(1);
-                to.min(w.most[k as usize]).min(below)
+                to.min(w.most[k as usize]).min(ceiling.saturating_sub(1))
             };
             let can = |k: TuneKnob| self.owns(k) && next(k) > w.now[k as usize];
             let knob = KNOBS.into_iter().find(|&k| can(k))?;
@@ -238,6 +324,7 @@ impl Policy {
                     knob,
                     old,
                     rate_before: w.rate,
+                    step_before: w.step,
                     shrink: false,
                 });
             }
@@ -248,17 +335,23 @@ impl Policy {
             });
         }
         let workers = w.now[TuneKnob::Workers as usize];
-        if self.auto.workers && w.wait_share < 0.01 && workers > self.floor.max(1) {
+        let floor = self.floor.max(1);
+        if self.auto.workers && w.wait_share < 0.01 && workers > floor {
             self.trial = Some(Trial {
                 knob: TuneKnob::Workers,
                 old: workers,
                 rate_before: w.rate,
+                step_before: w.step,
                 shrink: true,
             });
+            // A quarter of the way to the floor (at least one): a
+            // multiplicative climb overshoots by up to 4x, and giving the
+            // surplus back one worker a window would take minutes on
+            // hundreds of cores.
             return Some(TuneAction::Shrink {
                 knob: TuneKnob::Workers,
                 from: workers,
-                to: workers - 1,
+                to: workers - ((workers - floor) / 4).max(1),
             });
         }
         None
@@ -283,6 +376,7 @@ mod tests {
         Window {
             rate,
             wait_share: wait,
+            step: (1.0 - wait) / rate,
             now,
             most: [4, MAX_QUEUE, MAX_QUEUE],
             upload_bound: false,
@@ -310,81 +404,62 @@ mod tests {
         let mut p = Policy::new(ALL);
         let mut now = [1, 2, 1];
         let steps = run(&mut p, &mut now, &[(10.0, 0.5), (19.0, 0.2), (27.0, 0.1)]);
-        assert_eq!(
-            steps,
-            [
-                Grow {
-                    knob: Workers,
-                    from: 1,
-                    to: 2
-                },
-                Grow {
-                    knob: Workers,
-                    from: 2,
-                    to: 3
-                },
-            ]
-        );
-        assert_eq!(now, [3, 2, 1]);
-        // The second window kept the first growth (19 >= 1.03 x 10), taking
-        // no step of its own; the third grew again.
-        assert_eq!(p.floor, 2);
+        let grow = |from, to| Grow {
+            knob: Workers,
+            from,
+            to,
+        };
+        // In proportion to the wait: waiting half the time needs twice the
+        // workers, a fifth 1.25x, a tenth 1.11x (rounded up, one at least).
+        // Each window judges the step before it (kept: the rate rose 3%)
+        // and takes the next one.
+        assert_eq!(steps, [grow(1, 2), grow(2, 3), grow(3, 4)]);
+        assert_eq!(now, [4, 2, 1]);
+        assert_eq!(p.floor, 3, "3 workers left the consumer waiting");
     }
 
     #[test]
     fn a_growth_that_does_not_help_is_undone_and_retried_only_much_later() {
         let mut p = Policy::new(ALL);
         let mut now = [1, 2, 1];
-        // Workers 1 -> 2 helps, 2 -> 3 does not (20.0 against 20.2): back
-        // to 2, and the next waiting window grows batches in flight instead.
+        // Workers 1 -> 2 helps, 2 -> 4 does not (20.2 against 20.0): back
+        // to 2; then 3, half the gap to the count that did not help, does
+        // not help either; the next waiting window grows batches in flight.
         let w = [
             (10.0, 0.5),
             (20.0, 0.5),
             (20.2, 0.5),
             (20.0, 0.5),
+            (20.1, 0.5),
             (20.0, 0.5),
         ];
         let steps = run(&mut p, &mut now, &w);
+        let grow = |knob, from, to| Grow { knob, from, to };
+        let revert = |from, to, rate, before| Revert {
+            knob: Workers,
+            from,
+            to,
+            rate,
+            before,
+        };
         assert_eq!(
-            steps[1],
-            Grow {
-                knob: Workers,
-                from: 2,
-                to: 3
-            }
-        );
-        assert_eq!(
-            steps[2],
-            Revert {
-                knob: Workers,
-                from: 3,
-                to: 2,
-                rate: 20.0,
-                before: 20.2
-            }
-        );
-        assert_eq!(
-            steps[3],
-            Grow {
-                knob: InFlight,
-                from: 2,
-                to: 4
-            }
+            steps,
+            [
+                grow(Workers, 1, 2),
+                grow(Workers, 2, 4),
+                revert(4, 2, 20.2, 20.0),
+                grow(Workers, 2, 3),
+                revert(3, 2, 20.1, 20.0),
+                grow(InFlight, 2, 4),
+            ]
         );
         assert_eq!(p.ceiling[Workers as usize], 3);
         // Queues at their limit, the consumer still waiting: nothing to
-        // try until the ceiling expires, then workers 2 -> 3 again.
+        // try until the cap expires, then workers grow again.
         now = [2, MAX_QUEUE, MAX_QUEUE];
         let waiting = vec![(20.0, 0.5); CEILING_WINDOWS as usize - 2];
         assert!(run(&mut p, &mut now, &waiting).is_empty());
-        assert_eq!(
-            run(&mut p, &mut now, &[(20.0, 0.5)]),
-            [Grow {
-                knob: Workers,
-                from: 2,
-                to: 3
-            }]
-        );
+        assert_eq!(run(&mut p, &mut now, &[(20.0, 0.5)]), [grow(Workers, 2, 4)]);
     }
 
     #[test]
@@ -462,8 +537,9 @@ mod tests {
             Some(Grow {
                 knob: Workers,
                 from: 2,
-                to: 3
-            })
+                to: 4
+            }),
+            "twice the workers for a consumer waiting half the time, up to the buffers"
         );
     }
 
@@ -611,5 +687,187 @@ mod tests {
             r.to_string(),
             "revert Prefetch 3 -> 2 (9.0 vs 9.5 batches/s)"
         );
+    }
+
+    /// A simulated machine: `cores` decode workers at most, each decoding
+    /// `per_worker` batches/s (ImageNet photos, batch 256: ~1,000
+    /// images/s a core), scaling sublinearly (memory bandwidth), one upload
+    /// thread of `upload` batches/s, buffers each cycling in 4 ms plus a
+    /// batch's fill, and a consumer whose step takes `step` seconds, or,
+    /// for a CPU-bound step (`cpu_step`), longer once the workers and the
+    /// step need more than the cores.
+    struct Machine {
+        cores: usize,
+        per_worker: f64,
+        upload: f64,
+        step: f64,
+        cpu_step: bool,
+    }
+
+    impl Machine {
+        fn step_at(&self, workers: usize) -> f64 {
+            if self.cpu_step && workers + 1 > self.cores {
+                self.step * (workers + 1) as f64 / self.cores as f64
+            } else {
+                self.step
+            }
+        }
+
+        fn workers_rate(&self, w: usize) -> f64 {
+            w as f64 * self.per_worker / (1.0 + w as f64 / 256.0)
+        }
+
+        /// What the loader can deliver at settings `now` (batches/s).
+        fn loader(&self, now: [usize; 3]) -> f64 {
+            let [w, f, p] = now;
+            let fill = self.workers_rate(w);
+            let buffers = f as f64 / (0.004 + 1.0 / fill) + p as f64 * 1e3;
+            fill.min(self.upload).min(buffers)
+        }
+
+        /// Batches/s delivered and the step, at settings `now`.
+        fn rate(&self, now: [usize; 3]) -> (f64, f64) {
+            let step = self.step_at(now[0]);
+            (self.loader(now).min(1.0 / step), step)
+        }
+
+        fn best_fixed(&self) -> f64 {
+            (1..=self.cores)
+                .map(|w| self.rate([w, MAX_QUEUE, MAX_QUEUE]).0)
+                .fold(0.0, f64::max)
+        }
+    }
+
+    /// Runs AUTOTUNE (from its start: 1 worker, 2 in flight, 1 prefetched)
+    /// on `m` for `secs` simulated seconds (noise from `seed`), windows closing as the tuner's
+    /// do, the loader's rate in each off by up to 5% and the consumer's
+    /// step by up to 1% (noise; the delivered rate is the slower of the
+    /// two); returns the true rate at each window's end and when it ended,
+    /// and the final settings.
+    fn simulate(m: &Machine, secs: f64, seed: u32) -> (Vec<(f64, f64, usize)>, [usize; 3]) {
+        let mut p = Policy::new(ALL);
+        let mut now = [1, 2, 1];
+        let (mut t, mut seed) = (0.0, seed.max(1));
+        let mut trace = Vec::new();
+        while t < secs {
+            let (rate, step) = m.rate(now);
+            let mut n = 1;
+            while !super::super::window_closes(n, Duration::from_secs_f64(n as f64 / rate)) {
+                n += 1;
+            }
+            t += n as f64 / rate;
+            let mut noise = |by: f64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                1.0 + by * (f64::from(seed) / f64::from(u32::MAX) * 2.0 - 1.0)
+            };
+            let step = step * noise(0.01);
+            let noisy = (m.loader(now) * noise(0.05)).min(1.0 / step);
+            let w = Window {
+                rate: noisy,
+                wait_share: (1.0 - step * noisy).max(0.0),
+                step,
+                now,
+                most: [m.cores, MAX_QUEUE, MAX_QUEUE],
+                upload_bound: m.workers_rate(now[0]) > m.upload,
+                max_workers: m.cores,
+                direct: false,
+            };
+            if let Some(a) = p.decide(&w) {
+                let (k, v) = a.change();
+                now[k as usize] = v;
+            }
+            trace.push((t, m.rate(now).0, now[0]));
+        }
+        (trace, now)
+    }
+
+    use std::time::Duration;
+
+    /// The noise seeds each simulation runs with.
+    const SEEDS: [u32; 8] = [
+        1,
+        0x2545_f491,
+        0x1234_5678,
+        0x9e37_79b9,
+        0xdead_beef,
+        0x0bad_f00d,
+        7,
+        99,
+    ];
+
+    #[test]
+    fn autotune_reaches_nine_tenths_of_the_best_fixed_setting_within_two_seconds() {
+        for cores in [16, 64, 192] {
+            let full = Machine {
+                cores,
+                per_worker: 1000.0 / 256.0,
+                // Past 64 cores the one upload thread is the limit.
+                upload: 200.0,
+                step: 0.0002,
+                cpu_step: false,
+            };
+            // A GPU step that needs about a third of the cores' rate.
+            let model = Machine {
+                step: 3.0 / full.best_fixed(),
+                ..full
+            };
+            for (what, m) in [("no model", &full), ("a model", &model)] {
+                let best = m.best_fixed();
+                for seed in SEEDS {
+                    let (trace, now) = simulate(m, 30.0, seed);
+                    let at_2s = trace.iter().take_while(|w| w.0 <= 2.0).last().unwrap().1;
+                    assert!(
+                    at_2s >= 0.9 * best,
+                    "{cores} cores, {what}: {at_2s:.1} batches/s after 2 s, best fixed {best:.1}; {trace:?}"
+                );
+                    let late = trace.iter().filter(|w| w.0 > 2.0);
+                    assert!(
+                    late.clone().all(|w| w.1 >= 0.9 * best),
+                    "{cores} cores, {what}: fell below 90% of {best:.1} later, at {now:?}: {:?}",
+                    late.collect::<Vec<_>>()
+                );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn workers_that_lengthen_a_cpu_bound_step_are_not_kept() {
+        // 16 cores, a training step on one core that needs about as many
+        // batches as 16 workers make: a worker past the 15 free cores slows
+        // the step by more than it shortens the wait, and is given back.
+        let m = Machine {
+            cores: 16,
+            per_worker: 1000.0 / 256.0,
+            upload: 1e9,
+            step: 1.0 / 58.0,
+            cpu_step: true,
+        };
+        let best = m.best_fixed();
+        for seed in SEEDS {
+            let (trace, _) = simulate(&m, 30.0, seed);
+            // After the ramp, but for the windows that try a worker more or
+            // fewer again (one in 50, each undone): the rate within 10% of
+            // the best fixed setting's, and the step within 1.05x its time
+            // alone.
+            let (mut slow, mut below) = (0.0, 0.0);
+            for pair in trace.windows(2).filter(|p| p[0].0 > 2.0) {
+                let (t0, rate, workers) = pair[0];
+                if rate < 0.9 * best {
+                    below += pair[1].0 - t0;
+                }
+                if m.step_at(workers) > 1.05 * m.step {
+                    slow += pair[1].0 - t0;
+                }
+            }
+            let after = trace.last().unwrap().0 - 2.0;
+            assert!(
+                slow <= 0.05 * after && below <= 0.05 * after,
+                "seed {seed}: the step was lengthened for {slow:.2} s and the rate under 90% of {best:.1} \
+             for {below:.2} s of {after:.1}: {trace:?}"
+            );
+        }
     }
 }
