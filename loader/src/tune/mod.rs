@@ -285,6 +285,8 @@ struct State {
     batches_at: u64,
     wait_at: Duration,
     all_wait_at: Duration,
+    /// Whether the first batch came (the first window starts there).
+    started: bool,
     policy: Policy,
     history: Vec<TuneStep>,
 }
@@ -308,6 +310,7 @@ impl Tuner {
                 batches_at: 0,
                 wait_at: Duration::ZERO,
                 all_wait_at: Duration::ZERO,
+                started: false,
                 policy: Policy::new(auto),
                 history: Vec::new(),
             }),
@@ -353,6 +356,17 @@ impl Tuner {
         }
         let mut st = crate::lock(&self.state);
         let now = Instant::now();
+        if !st.started {
+            // The first window starts at the first batch: the pipeline's
+            // start (threads, first reads, a device's setup) is no
+            // measure of a setting's rate.
+            st.started = true;
+            st.window_start = now;
+            st.batches_at = counters.delivered();
+            st.wait_at = counters.steady_wait();
+            st.all_wait_at = counters.all_wait();
+            return;
+        }
         let dt = now.duration_since(st.window_start);
         let batches = counters.delivered().saturating_sub(st.batches_at);
         if !window_closes(batches, dt) {
