@@ -1,7 +1,8 @@
 //! With the `cuda` feature: compiles the fused normalize kernel
-//! (`src/device/normalize.cu`) to PTX with nvcc, as candle-kernels does, for
-//! the virtual architecture in `CUDA_COMPUTE_CAP` (default 75; the driver
-//! JIT-compiles PTX for any newer GPU).
+//! (`src/device/normalize.cu`) with nvcc into a fatbin holding SASS for the
+//! compute capability in `CUDA_COMPUTE_CAP` (default 75), which the driver
+//! runs as it is (no compile on first use), and PTX for the same virtual
+//! architecture, which the driver compiles for any newer GPU.
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -12,16 +13,19 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let out =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("normalize.ptx");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("normalize.fatbin");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "75".into());
     let cap = cap.trim().replace('.', "");
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let status = Command::new(&nvcc)
         .args([
-            "--ptx",
+            "--fatbin",
             "-O3",
-            &format!("--gpu-architecture=compute_{cap}"),
+            "-gencode",
+            &format!("arch=compute_{cap},code=sm_{cap}"),
+            "-gencode",
+            &format!("arch=compute_{cap},code=compute_{cap}"),
             "-o",
         ])
         .arg(&out)

@@ -216,7 +216,36 @@ pub(crate) mod cuda {
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, DType};
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/normalize.ptx"));
+    use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule};
+    use candle_core::cuda::cudarc::nvrtc::Ptx;
+    use std::sync::{Arc, Mutex};
+
+    /// SASS for the build's `CUDA_COMPUTE_CAP` and PTX for other GPUs
+    /// (`build.rs`).
+    const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/normalize.fatbin"));
+
+    /// The kernel `name`, its module loaded once per CUDA context. candle's
+    /// own module cache (`get_or_load_custom_func`) takes PTX text only,
+    /// which the driver compiles on a process's first use; a fatbin with
+    /// SASS for this GPU loads without that. A module keeps its context
+    /// alive (it holds an `Arc` of it), so a context's address is never
+    /// reused while its entry is here.
+    fn function(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
+        static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+        let ctx = dev.cuda_stream().context().clone();
+        let key = ctx.cu_ctx() as usize;
+        let mut modules = crate::lock(&MODULES);
+        let module = match modules.iter().find(|(k, _)| *k == key) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let m = ctx.load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
+                modules.push((key, m.clone()));
+                m
+            }
+        };
+        drop(modules);
+        module.load_function(name).w()
+    }
 
     /// Allocates the output on `dev`'s stream and enqueues the kernel there,
     /// reading `n` images of `pixels` pixels from the device address `src`.
@@ -235,7 +264,7 @@ pub(crate) mod cuda {
             DType::BF16 => "wick_normalize_bf16",
             d => candle_core::bail!("normalize writes f32, f16 or bf16, not {d:?}"),
         };
-        let func = dev.get_or_load_custom_func(name, "wick_normalize", PTX)?;
+        let func = function(dev, name)?;
         // Grid-stride loop: enough blocks to fill the GPU, never more than
         // the work.
         let threads = 256u32;
@@ -258,7 +287,7 @@ pub(crate) mod cuda {
                 let stream = dev.cuda_stream();
                 {
                     let (dst, _write) = out.device_ptr_mut(&stream);
-                    let mut b = func.builder();
+                    let mut b = stream.launch_builder(&func);
                     b.arg(&src).arg(&dst).arg(&pixels).arg(&total);
                     b.arg(&s0).arg(&s1).arg(&s2).arg(&b0).arg(&b1).arg(&b2);
                     // SAFETY: the arguments match the kernel's signature

@@ -313,6 +313,38 @@ pub(crate) struct CudaUploader {
     guards: Guards,
 }
 
+/// Raises the release threshold of `dev`'s current stream-ordered memory
+/// pool to at least `bytes`. cudarc allocates device memory with
+/// `cuMemAllocAsync` from that pool (cudarc `driver/safe/core.rs`,
+/// `CudaStream::alloc`), and candle never sets the pool's
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, which is 0 by default: per the CUDA
+/// driver API, the pool then gives all its unused memory back to the OS at
+/// every stream, event or context synchronize, and the loader synchronizes
+/// on events each batch; every step would then allocate its batch and the
+/// training step's tensors anew from the OS. Keeping up to the loader's
+/// own batches in flight lets those allocations be reused (as PyTorch's
+/// caching allocator keeps its blocks). Only ever raised, never lowered;
+/// best effort: a device without memory pools has nothing to trim.
+fn keep_pool_memory(dev: &CudaDevice, bytes: u64) {
+    use candle_core::cuda::cudarc::driver::sys::CUmemPool_attribute;
+    let device = dev.cuda_stream().context().cu_device();
+    // SAFETY: `device` comes from a live context; the attribute's value is
+    // a u64 (cuuint64_t) for the release threshold, read into and written
+    // from a local of that type.
+    let _ = unsafe {
+        result::device::get_mem_pool(device).and_then(|pool| {
+            let attr = CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+            let mut now: u64 = 0;
+            result::mem_pool::get_attribute(pool, attr, (&mut now as *mut u64).cast())?;
+            if now < bytes {
+                let mut v = bytes;
+                result::mem_pool::set_attribute(pool, attr, (&mut v as *mut u64).cast())?;
+            }
+            Ok(())
+        })
+    };
+}
+
 /// Ring slots: two let the copy of batch k+1 run while L reads batch k; a
 /// third keeps the copy stream from waiting when L is briefly behind.
 const RING: usize = 3;
@@ -335,6 +367,12 @@ impl CudaUploader {
         copy.context()
             .bind_to_thread()
             .on("setting up the upload streams and staging ring")?;
+        // Batches up to f32 from u8 pixels (4x the packed bytes), as many
+        // as can be prefetched or in the ring.
+        let kept = (schema.packed_bytes as u64)
+            .saturating_mul(4)
+            .saturating_mul((crate::tune::MAX_QUEUE + RING) as u64);
+        keep_pool_memory(dev, kept);
         let mut slots = Vec::with_capacity(RING);
         for _ in 0..RING {
             // SAFETY: a plain device allocation, freed in `Drop` after the
@@ -424,7 +462,16 @@ impl CudaUploader {
         while let Some((start, end, _)) = t.pending.front() {
             let ms = match end.try_is_complete() {
                 Ok(false) => break,
-                Ok(true) => start.elapsed_ms(end).ok(),
+                // Both complete (the copy stream records them in order):
+                // read the time without `elapsed_ms`, whose two event
+                // synchronizations are each a point where a pool with a
+                // low release threshold trims itself.
+                Ok(true) => {
+                    // SAFETY: two live events of this context, both
+                    // recorded and complete (the end was queried above,
+                    // and the start precedes it on the copy stream).
+                    unsafe { result::event::elapsed(start.cu_event(), end.cu_event()) }.ok()
+                }
                 // A device error: this copy's time is lost, not the queue.
                 Err(_) => None,
             };
