@@ -165,15 +165,17 @@ run)
   mutant() {
     local t rc
     t=$(now)
-    timeout -k 5 60 env WICK_SKIP_GUARD="$1" "$out/cuda-tests" --test-threads 1 large_batches \
-      >"$logs/mutant-$1.log" 2>&1
+    timeout -k 5 60 env WICK_SKIP_GUARD="$1" "$out/cuda-tests" --test-threads 1 --nocapture \
+      large_batches >"$logs/mutant-$1.log" 2>&1
     rc=$?
     echo "$rc $(since "$t")" >"$logs/mutant-$1.rc"
   }
   # evidence LOG: the first line that shows how the test failed.
   evidence() {
     local e
-    if e=$(grep -m1 'differ' "$1"); then :
+    # The assertion's message ("batches [3, 7] of 16 differ"), not the
+    # per-configuration progress lines ("0 of 16 differ").
+    if e=$(grep -m1 'batches \[[0-9]' "$1"); then :
     elif e=$(grep -m1 -A1 'panicked at' "$1" | tr -s '\n' ' '); then :
     elif e=$(grep -m1 -o 'CUDA_ERROR_[A-Z_]*.*' "$1"); then :
     else e=$(tail -n 3 "$1" | head -n 1); fi
@@ -194,7 +196,7 @@ run)
       v="mutant $g: NOT caught (the test passed without the guard, $secs s)"
       status=1
     elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      v="mutant $g: INCONCLUSIVE (timed out after 60 s)"
+      v="mutant $g: INCONCLUSIVE (timed out after 60 s; last progress: $(grep 'large batches:' "$logs/mutant-$g.log" | tail -n 1))"
       status=1
     else
       v="mutant $g: caught in $secs s: $(evidence "$logs/mutant-$g.log")"
