@@ -340,3 +340,36 @@ impl Stats {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_states_the_step_its_slowdown_and_a_slow_first_batch() {
+        let ms = Duration::from_millis;
+        let mut s = Stats {
+            consumer_step: ms(41),
+            first_batch: ms(1900),
+            first_upload: ms(1500),
+            upload_per_batch: ms(2),
+            ..Stats::default()
+        };
+        let r = s.report();
+        assert!(r.contains("training step: 41.00ms per batch"), "{r}");
+        assert!(
+            r.contains("first batch after 1.90s, 1.50s of it the first upload"),
+            "{r}"
+        );
+        assert!(r.contains("one-time device setup"), "{r}");
+        s.step_slowdown = Some(StepSlowdown {
+            ratio: 1.08,
+            workers: 1,
+            step: ms(38),
+        });
+        s.first_upload = ms(3);
+        let r = s.report();
+        assert!(r.contains("1.08x its 38.00ms at 1 worker"), "{r}");
+        assert!(!r.contains("one-time"), "a first upload like the rest: {r}");
+    }
+}
