@@ -130,11 +130,18 @@ fn datasets(args: &Args) -> Res<(PathBuf, Option<PathBuf>)> {
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wick-data/shapes-v1");
             let t = Instant::now();
             let (train, val) = shapes::ensure(&root, 200, 50)?;
+            // Shown from the working directory when it is under it
+            // (`target/wick-data/shapes-v1` from the repository's root).
+            let root = root.canonicalize().unwrap_or(root);
+            let shown = std::env::current_dir()
+                .ok()
+                .and_then(|cwd| root.strip_prefix(cwd).ok().map(|p| p.to_path_buf()))
+                .unwrap_or_else(|| root.clone());
             println!(
                 "data: built-in shapes, 10 classes, 2000 train + 500 val JPEGs {}x{} in {} ({:.1?})",
                 shapes::SIDE,
                 shapes::SIDE,
-                root.display(),
+                shown.display(),
                 t.elapsed()
             );
             Ok((train, Some(val)))
