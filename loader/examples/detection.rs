@@ -66,6 +66,7 @@ impl Annotation {
     }
 }
 
+// ANCHOR: map
 fn detection_map() -> Result<impl Map> {
     let resize = Resize::new(OUT)?;
     let fields = vec![
@@ -104,6 +105,7 @@ fn detection_map() -> Result<impl Map> {
     });
     Ok(map.parts(Parts::Named(vec!["json".into()])))
 }
+// ANCHOR_END: map
 
 /// Writes the shard: sample `i` has `i % 7` boxes (none for some).
 fn write_shard(path: &Path) -> std::io::Result<()> {
@@ -147,6 +149,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("det-000000.tar");
     write_shard(&path)?;
+    // ANCHOR: loader
     let opts = WebDatasetOptions {
         label_ext: None,
         ..WebDatasetOptions::default()
@@ -156,6 +159,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .batch_size(8)
         .shuffle(3)
         .build()?;
+    // ANCHOR_END: loader
     let (mut objects, mut samples) = (0usize, 0usize);
     for batch in loader.epoch(0) {
         let batch = batch?;

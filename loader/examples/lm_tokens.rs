@@ -69,6 +69,7 @@ fn write_files(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let paths = write_files(dir.path())?;
+    // ANCHOR: source
     let files = paths
         .iter()
         .map(TokenFile::open)
@@ -79,6 +80,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .batch_size(BATCH)
         .shuffle(1337)
         .build()?;
+    // ANCHOR_END: source
 
     // Every window is its file's slice; the target is the input shifted;
     // one epoch uses every token (but each file's last) as an input once.

@@ -34,6 +34,7 @@ const SAMPLES: usize = 48;
 /// The network's input and the masks' size.
 const OUT: Size = Size::new(64, 48);
 
+// ANCHOR: map
 /// The segmentation map: `image` f32 [3, h, w] (ImageNet-normalized) and
 /// `mask` i64 [h, w], from the record's image and its mask part `mask_part`.
 fn segmentation_map(mask_part: &'static str) -> Result<impl Map> {
@@ -64,6 +65,7 @@ fn segmentation_map(mask_part: &'static str) -> Result<impl Map> {
     });
     Ok(map.parts(Parts::Named(vec![mask_part.into()])))
 }
+// ANCHOR_END: map
 
 /// A scene of a few rectangles and discs over the background, as the RGB
 /// image and its class mask.
@@ -177,6 +179,7 @@ fn agreement(image: &Tensor, mask: &Tensor) -> candle_core::Result<f64> {
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     write_data(dir.path())?;
+    // ANCHOR: sources
     let shard = WebDataset::open_with(
         [dir.path().join("seg-000000.tar")],
         WebDatasetOptions {
@@ -194,6 +197,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     };
     let mut from_tar = build(Box::new(shard), "seg.png")?;
     let mut from_folders = build(Box::new(folders), "mask")?;
+    // ANCHOR_END: sources
 
     // Both sources give the same batches; every mask agrees with its image.
     let (mut worst, mut batches) = (1.0f64, 0);

@@ -54,6 +54,8 @@
 //!   decode-and-resize into a slot, label maps, nearest resampling).
 //! - [`write`](mod@write): shard writers of one shape, and [`write::convert`] (what
 //!   `wick convert` runs).
+//! - [`state`]: the resumable loader state, [`state::LoaderState`] and its
+//!   [`state::Identity`] ([`Loader::state`], [`LoaderBuilder::resume`]).
 //! - [`stats`]: what a loader measured ([`stats::Stats`], its report and
 //!   [`stats::Verdict`]) and the Chrome-trace timeline.
 //! - [`tune`]: AUTOTUNE: [`Setting`] and the decisions it records
@@ -65,7 +67,7 @@
 //!   draw of sample `i` from `(seed, epoch, i)`, so batches are bit-identical
 //!   for any number of workers and any prefetch depth, on one kind of CPU
 //!   (JPEG pixels can differ by one level between CPUs with and without FMA;
-//!   see the README).
+//!   see the book's [guarantees]).
 //! - **Bounded memory**: batch buffers, decode scratch and cache stay within
 //!   [`LoaderBuilder::ram_budget`]; AUTOTUNE (the default for workers,
 //!   batches in flight and prefetch) never grows past it.
@@ -75,17 +77,64 @@
 //! - **Bad input**: a missing, empty or corrupt file is an error naming it,
 //!   or, with [`BadSamples::Skip`], left out and listed; panics in sources
 //!   or maps become errors; decoders run with size limits.
+//! - **Exact resume**: [`Batch::state`] continues an epoch, in any process,
+//!   with exactly the batches the uninterrupted run would have given.
+//!
+//! ## The book
+//!
+//! The user guide, the guarantees each with its test, the feature flags,
+//! the benchmarks and how the loader works are in the book, `docs/` in
+//! the [repository] (`mdbook serve docs` to read it locally): start with
+//! [getting started], [the Loader API] or [on a GPU].
+//!
+//! [repository]: https://github.com/wick-rs/wick
+//! [guarantees]: https://github.com/wick-rs/wick/blob/main/docs/src/reference/guarantees.md
+//! [getting started]: https://github.com/wick-rs/wick/blob/main/docs/src/guide/getting-started.md
+//! [the Loader API]: https://github.com/wick-rs/wick/blob/main/docs/src/guide/loader.md
+//! [on a GPU]: https://github.com/wick-rs/wick/blob/main/docs/src/guide/gpu.md
 //!
 //! ## Feature flags
 //!
 //! - `cuda`: CUDA devices through candle-core's `cuda` feature.
 //! - `metal`: Metal devices through candle-core's `metal` feature.
-//! - `cli`: the `wick` command-line tool (`wick bench`, `wick convert`).
+//! - `cli`: the `wick` command-line tool (`wick bench`, `wick convert`,
+//!   `wick inspect`).
 //! - `turbojpeg`: decode JPEGs with libjpeg-turbo (built from source; needs
 //!   cmake and nasm), decoding only the crop window and downscaling in the
 //!   DCT when the window is at least twice the output size.
 
 #![deny(missing_docs)]
+
+// Every Rust block of the README and the book is compiled by `cargo test`
+// (doctests); blocks that include an example by anchor are `ignore`d here
+// and built as the examples themselves.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
+#[cfg(doctest)]
+mod book_doctests {
+    #[doc = include_str!("../../docs/src/guide/loader.md")]
+    struct Loader;
+    #[doc = include_str!("../../docs/src/guide/sources.md")]
+    struct Sources;
+    #[doc = include_str!("../../docs/src/guide/shards.md")]
+    struct Shards;
+    #[doc = include_str!("../../docs/src/guide/images.md")]
+    struct Images;
+    #[doc = include_str!("../../docs/src/guide/maps.md")]
+    struct Maps;
+    #[doc = include_str!("../../docs/src/guide/ranks.md")]
+    struct Ranks;
+    #[doc = include_str!("../../docs/src/guide/resume.md")]
+    struct Resume;
+    #[doc = include_str!("../../docs/src/guide/bad-data.md")]
+    struct BadData;
+    #[doc = include_str!("../../docs/src/guide/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../../docs/src/guide/gpu.md")]
+    struct Gpu;
+}
 
 mod cache;
 mod decode;

@@ -6,7 +6,7 @@
 //! | [`builder`] | settings, validation, the knobs AUTOTUNE starts from |
 //! | [`loader`] | the threads: spawn, epochs, accessors, drop (joins all) |
 //! | [`feed`] | the feeder thread: batches in order, a pool buffer each, stream reads |
-//! | [`fill`] | one batch filled by many jobs: slot claiming (the only unsafe), the bad-sample policy |
+//! | [`fill`] | one batch filled by many jobs: slot claiming (the only unsafe code in `pipeline/`), the bad-sample policy |
 //! | [`worker`] | one sample: read (or cache hit), decode, transform into its slot, cache fill |
 //! | [`reorder`] | batches finish out of order and leave in index order (a pure type) |
 //! | [`upload`] | the uploader thread: reorder, device upload, prefetch depth |
