@@ -41,7 +41,7 @@ pub(crate) struct ConvertArgs {
 pub(crate) enum OutFormat {
     /// TFRecord of tf.train.Example (image/encoded, image/class/label).
     Tfrecord,
-    /// WebDataset tar (<key>.jpg + <key>.cls).
+    /// WebDataset tar (`<key>.jpg` + `<key>.cls`).
     Wds,
     /// safetensors: encoded images + offsets + labels.
     Safetensors,
