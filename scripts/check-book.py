@@ -47,6 +47,14 @@ for md in pages:
         if not (md.parent / target).exists():
             problems.append(f"{where}: links to {target}, which does not exist")
 
+# A page with Rust blocks that are not `ignore` must be a doctest in lib.rs.
+lib = (root / "loader" / "src" / "lib.rs").read_text()
+for md in sorted(src.rglob("*.md")):
+    rel = md.relative_to(root).as_posix()
+    compiled = re.search(r"^```rust(?!,ignore)", md.read_text(), re.M)
+    if compiled and f'include_str!("../../{rel}")' not in lib:
+        problems.append(f"{rel} has Rust blocks but is not a doctest in loader/src/lib.rs (book_doctests)")
+
 readme_lines = len((root / "README.md").read_text().splitlines())
 if readme_lines > 200:
     problems.append(f"README.md has {readme_lines} lines (at most 200)")
