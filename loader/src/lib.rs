@@ -160,6 +160,8 @@ pub use cache::CacheMode;
 pub use error::{error_chain, Error, Result};
 pub use geometry::Size;
 pub use layout::{FloatType, NormalizeAt, Output, IMAGENET_MEAN, IMAGENET_STD};
+pub use order::ranks::Ranks;
+pub use order::sampler::Remainder;
 pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use source::{open_path, Source};

@@ -11,9 +11,22 @@
 //! loader with another source or other settings, saying what differs.
 //! The worker count, batches in flight, prefetch depth, device and RAM
 //! budget are not in it: a run may resume with any of them. Nor is the
-//! rank: every rank is at the same batch of the same epoch, so one state
-//! (saved by rank 0, say) resumes every rank of a job of the same world
-//! size, each recomputing its own share.
+//! rank: every rank is at the same batch of the same epoch, and the
+//! position counts the samples of all ranks together, so every rank of a
+//! job saves the same state (compare them to check) and one state resumes
+//! every rank, each recomputing its own share.
+//!
+//! **Elastic resume.** In the random-access mode the batches before a
+//! position are a prefix of the epoch's order, `samples` long, so a state
+//! saved by `N` ranks resumes on any `M >= 1`: the rest of the epoch is
+//! planned from sample `samples` on `M` ranks, no sample of it seen twice
+//! or skipped (the [`Remainder`](crate::Remainder) policy decides the tail
+//! as usual; under `Split`, fewer samples left than ranks is an error that
+//! says so). On the same world size the rest is exactly the batches the
+//! uninterrupted run yields. The streaming mode deals whole shards to ranks,
+//! so its position is not a prefix: a state saved mid-epoch resumes only on
+//! the world size that saved it (another is refused, naming both); one
+//! saved at an epoch's end resumes on any.
 //!
 //! [`Loader::epoch_from`]: crate::Loader::epoch_from
 //! [`LoaderBuilder::resume`]: crate::LoaderBuilder::resume
@@ -21,7 +34,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The format version [`LoaderState::version`] this build writes and reads.
-pub const STATE_VERSION: u32 = 2;
+pub const STATE_VERSION: u32 = 3;
 
 /// The version of the algorithms that turn `(seed, epoch, index)` into
 /// batches: the permutation, ranks' shares, the streaming plan, token
@@ -29,7 +42,7 @@ pub const STATE_VERSION: u32 = 2;
 /// under another is refused. Changed whenever any of them changes; the
 /// golden tests (tests/tests/resume_golden.rs) fail when one changes
 /// without it.
-pub const ORDER_VERSION: &str = "wick-order-1";
+pub const ORDER_VERSION: &str = "wick-order-2";
 
 /// Where a loader is: the next batch it will deliver, and what decides
 /// which batch that is. Serializes to a few hundred bytes of JSON
@@ -41,10 +54,14 @@ pub struct LoaderState {
     pub version: u32,
     /// The epoch the next batch belongs to.
     pub epoch: u64,
-    /// The next batch of `epoch`: the ones before it were delivered.
+    /// The next batch of `epoch`: the ones before it were delivered. After
+    /// a resume on another world size, counted from the resume point.
     pub batch: usize,
-    /// Samples of `epoch` in the batches before `batch`, as planned
-    /// (samples left out under the skip policy included).
+    /// Samples of `epoch` in the batches before `batch`, as planned, over
+    /// all ranks together (samples left out under the skip policy
+    /// included): in the random-access mode, how far into the epoch's
+    /// order the job is, which is where a resumed loader of any world size
+    /// goes on.
     pub samples: u64,
     /// What decides order and content.
     pub identity: Identity,
@@ -69,9 +86,11 @@ pub struct Identity {
     pub shuffle_seed: Option<u64>,
     /// Samples per batch.
     pub batch_size: usize,
-    /// Whether a last, shorter batch is dropped.
-    pub drop_last: bool,
-    /// Ranks in the job (each rank's share is recomputed from it).
+    /// The [`Remainder`](crate::Remainder) policy: `split`, `drop` or `pad`.
+    #[serde(default)]
+    pub remainder: String,
+    /// Ranks in the job that saved the state (each rank's share is
+    /// recomputed from it; see the module docs for resuming on another).
     pub world_size: usize,
     /// Random access, or the streaming mode with its interleave and
     /// shuffle-buffer settings.
@@ -126,9 +145,9 @@ impl Identity {
             other.batch_size.to_string(),
         );
         check(
-            "drop_last",
-            self.drop_last.to_string(),
-            other.drop_last.to_string(),
+            "remainder policy",
+            self.remainder.clone(),
+            other.remainder.clone(),
         );
         check(
             "world size",
@@ -176,38 +195,33 @@ impl Identity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Position {
     pub(crate) epoch: u64,
+    /// The batch, in the plan of `epoch` that starts at sample `from`.
     pub(crate) batch: usize,
+    /// Samples of all ranks before it.
     pub(crate) samples: u64,
+    /// Where the epoch's plan starts: 0, or the point a loader resumed on
+    /// another world size went on from.
+    pub(crate) from: u64,
 }
 
 impl Position {
     /// Batch `batch` of `epoch`, where `before[k]` is the samples planned
-    /// before batch `k` (one entry more than the epoch has batches): the
-    /// first batch of the next epoch once `batch` is past the last.
+    /// before batch `k` (one entry more than the epoch has batches;
+    /// `before[0]` is where the plan starts): the first batch of the next
+    /// epoch once `batch` is past the last.
     pub(crate) fn new(epoch: u64, batch: usize, before: &[u64]) -> Self {
         match before.get(batch) {
             Some(&samples) if batch + 1 < before.len() => Self {
                 epoch,
                 batch,
                 samples,
+                from: before[0],
             },
             _ => Self {
                 epoch: epoch + 1,
-                batch: 0,
-                samples: 0,
+                ..Self::default()
             },
         }
-    }
-
-    /// The `before` table of [`new`](Self::new) for batches of `sizes`
-    /// samples, summed once per epoch (not once per batch).
-    pub(crate) fn samples_before(sizes: impl Iterator<Item = usize>) -> Vec<u64> {
-        std::iter::once(0)
-            .chain(sizes.scan(0u64, |sum, n| {
-                *sum += n as u64;
-                Some(*sum)
-            }))
-            .collect()
     }
 
     /// The state at this position.
@@ -243,17 +257,9 @@ pub(crate) fn shard_table(source: &dyn crate::Source) -> u32 {
 }
 
 impl LoaderState {
-    /// The position this state names.
-    pub(crate) fn position(&self) -> Position {
-        Position {
-            epoch: self.epoch,
-            batch: self.batch,
-            samples: self.samples,
-        }
-    }
-
     /// Refuses a state of another format version or another identity than
-    /// `identity`'s, naming every difference.
+    /// `identity`'s, naming every difference. The world size may differ
+    /// where the position allows it (module docs).
     pub(crate) fn check(&self, identity: &Identity) -> crate::Result<()> {
         if self.version != STATE_VERSION {
             return Err(crate::Error::StateMismatch {
@@ -263,7 +269,19 @@ impl LoaderState {
                 )],
             });
         }
-        let differences = self.identity.differences(identity);
+        let mut differences = self.identity.differences(identity);
+        let elastic = self.identity.mode == "random access" || self.samples == 0;
+        differences.retain(|d| !(elastic && d.starts_with("world size:")));
+        for d in differences
+            .iter_mut()
+            .filter(|d| d.starts_with("world size:"))
+        {
+            d.push_str(&format!(
+                " (the streaming mode deals whole shards to ranks: a state saved mid-epoch \
+                 resumes on the {} ranks that saved it; one saved at an epoch's end on any)",
+                self.identity.world_size
+            ));
+        }
         if differences.is_empty() {
             Ok(())
         } else {
@@ -282,7 +300,7 @@ mod tests {
             seed: 7,
             shuffle_seed: Some(7),
             batch_size: 4,
-            drop_last: false,
+            remainder: "split".into(),
             world_size: 1,
             mode: "random access".into(),
             source_len: 21,
@@ -318,14 +336,38 @@ mod tests {
         let crate::Error::StateMismatch { differences } = state.check(&other).unwrap_err() else {
             panic!("not a mismatch")
         };
+        // Random access resumes on any world size.
         assert_eq!(
             differences,
             [
                 "shuffle: the state has shuffle(7), this loader shuffle(8)",
                 "batch size: the state has 4, this loader 8",
-                "world size: the state has 1, this loader 2"
             ]
         );
+        // The streaming mode mid-epoch does not; at an epoch's end it does.
+        let stream = |mode: &str, world_size| Identity {
+            mode: mode.into(),
+            world_size,
+            ..identity()
+        };
+        let saved = LoaderState {
+            identity: stream("streaming", 2),
+            ..state.clone()
+        };
+        let msg = saved
+            .check(&stream("streaming", 3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("world size: the state has 2, this loader 3") && msg.contains("2 ranks"),
+            "{msg}"
+        );
+        let at_end = LoaderState {
+            batch: 0,
+            samples: 0,
+            ..saved
+        };
+        at_end.check(&stream("streaming", 3)).unwrap();
         let old = LoaderState {
             version: 0,
             ..state
@@ -354,8 +396,8 @@ mod tests {
         assert_eq!(
             (STATE_VERSION, names.join(" ")),
             (
-                2,
-                "bad_samples batch_size drop_last fields map max_pixels mode order_version \
+                3,
+                "bad_samples batch_size fields map max_pixels mode order_version remainder \
                  seed shuffle_seed source_digest source_len source_shards world_size"
                     .into()
             )

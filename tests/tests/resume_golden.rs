@@ -56,6 +56,8 @@ fn a_fixed_state_gives_the_same_batches_in_every_version() {
     let mut state = state;
     state.epoch = 3;
     state.batch = 1;
+    // Rank 1's last batch: after 6 samples of the two ranks' first batches.
+    state.samples = 6;
     let mut l = memory().shard(1, 2).resume(state).build().unwrap();
     assert_eq!(values(&mut l), GOLDEN_BATCHES);
 }
@@ -96,8 +98,8 @@ fn the_permutation_and_token_windows_are_pinned() {
 }
 
 const GOLDEN_STATE: &str = concat!(
-    r#"{"version":2,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-1","#,
-    r#""seed":42,"shuffle_seed":42,"batch_size":3,"drop_last":false,"world_size":2,"#,
+    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-2","#,
+    r#""seed":42,"shuffle_seed":42,"batch_size":3,"remainder":"split","world_size":2,"#,
     r#""mode":"random access","source_len":10,"source_shards":0,"source_digest":3646669912,"#,
     r#""max_pixels":89478485,"bad_samples":"Fail","fields":["v U32 [2]"],"map":null}}"#
 );

@@ -20,7 +20,7 @@ mod shapes;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{loss, ParamsAdamW, VarBuilder, VarMap};
 use candle_wick::source::ImageFolder;
-use candle_wick::{Loader, Setting, Transforms};
+use candle_wick::{Loader, Ranks, Setting, Transforms};
 use clap::Parser;
 use std::io::Write;
 use std::path::PathBuf;
@@ -97,9 +97,13 @@ struct Args {
     keys_log: Option<PathBuf>,
 }
 
-/// CUDA, then Metal, then the CPU; says how to get a GPU build.
-fn pick_device(force_cpu: bool) -> Res<Device> {
+/// CUDA (the GPU of this rank's local rank when a launcher started one
+/// process per GPU), then Metal, then the CPU; says how to get a GPU build.
+fn pick_device(force_cpu: bool, ranks: &Ranks) -> Res<Device> {
     if !force_cpu && candle_core::utils::cuda_is_available() {
+        if ranks.world_size() > 1 {
+            return Ok(ranks.cuda_device()?);
+        }
         return Ok(Device::new_cuda(0)?);
     }
     if !force_cpu && candle_core::utils::metal_is_available() {
@@ -151,7 +155,20 @@ fn datasets(args: &Args) -> Res<(PathBuf, Option<PathBuf>)> {
 
 fn main() -> Res<()> {
     let args = Args::parse();
-    let device = pick_device(args.cpu)?;
+    // One process per GPU under torchrun, mpirun or srun: each trains on
+    // its share of every epoch (the model's gradients are not all-reduced
+    // here: that is the training code's, e.g. with NCCL).
+    let ranks = Ranks::from_env()?;
+    if ranks.world_size() > 1 {
+        println!(
+            "rank {} of {} ({}), local rank {:?}",
+            ranks.rank(),
+            ranks.world_size(),
+            ranks.launcher().unwrap_or("explicit"),
+            ranks.local_rank()
+        );
+    }
+    let device = pick_device(args.cpu, &ranks)?;
     if !device.is_cpu() {
         println!("device: {device:?}");
     }
@@ -166,6 +183,7 @@ fn main() -> Res<()> {
             .workers(Setting::auto_if_zero(workers))
             .prefetch(Setting::auto_if_zero(args.prefetch))
             .device(device.clone())
+            .ranks(ranks)
     };
     let train_tf = if args.data.is_none() {
         // Small synthetic images: milder crops than ImageNet's 8% minimum.

@@ -60,17 +60,24 @@ pub(crate) fn ensure(
     val_per_class: usize,
 ) -> std::io::Result<(PathBuf, PathBuf)> {
     let (train, val) = (root.join("train"), root.join("val"));
-    let marker = root.join(format!(".complete-{train_per_class}-{val_per_class}"));
+    let marker_name = format!(".complete-{train_per_class}-{val_per_class}");
+    let marker = root.join(&marker_name);
     if marker.exists() {
         return Ok((train, val));
     }
-    if root.exists() {
-        std::fs::remove_dir_all(root)?;
+    // Written aside and renamed into place, so that ranks started together
+    // (one process per GPU) never read or delete one another's half-made set.
+    let name = root
+        .file_name()
+        .map_or("data".into(), |n| n.to_string_lossy());
+    let tmp = root.with_file_name(format!("{name}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
     }
-    for (split, per_class, seed) in [(&train, train_per_class, 1u64), (&val, val_per_class, 2)] {
+    for (split, per_class, seed) in [("train", train_per_class, 1u64), ("val", val_per_class, 2)] {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         for class in CLASSES {
-            let dir = split.join(class);
+            let dir = tmp.join(split).join(class);
             std::fs::create_dir_all(&dir)?;
             for i in 0..per_class {
                 let img = draw(class, &mut rng);
@@ -81,6 +88,19 @@ pub(crate) fn ensure(
             }
         }
     }
-    std::fs::write(&marker, b"")?;
+    std::fs::write(tmp.join(&marker_name), b"")?;
+    if root.exists() && !marker.exists() {
+        // An older or interrupted set (another rank may remove it first).
+        match std::fs::remove_dir_all(root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    match std::fs::rename(&tmp, root) {
+        Ok(()) => {}
+        // Another rank finished first: its set is the same.
+        Err(_) if marker.exists() => std::fs::remove_dir_all(&tmp)?,
+        Err(e) => return Err(e),
+    }
     Ok((train, val))
 }

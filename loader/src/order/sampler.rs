@@ -4,26 +4,73 @@ use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use rand::seq::SliceRandom;
 
+/// What an epoch does with the samples that do not fill a batch on every
+/// rank (the last `len % (world_size * batch_size)`). Set with
+/// [`LoaderBuilder::remainder`](crate::LoaderBuilder::remainder); every
+/// policy gives every rank the same number of batches in every epoch, so
+/// data-parallel ranks step together and none waits at a collective for a
+/// batch another rank does not have.
+///
+/// | policy | samples of an epoch | batches | peers |
+/// |---|---|---|---|
+/// | `Split` (default) | each once | the tail split evenly across ranks (each rank's last batch may be shorter) | torch `DataLoader(drop_last=False)` on one rank |
+/// | `Drop` | the tail left out | all full | `drop_last=True`, `DistributedSampler(drop_last=True)` |
+/// | `Pad` | the epoch padded to a multiple of `world_size` by wrap-around: at most `world_size - 1` samples twice | the tail split evenly | `DistributedSampler(drop_last=False)` |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Remainder {
+    /// Every sample once; the tail split as evenly as possible across the
+    /// ranks. When fewer samples than ranks are left over, the last full
+    /// step and the tail are split together into two smaller batches per
+    /// rank; where even that cannot give every rank a sample (batch size
+    /// 1, or fewer samples than ranks in all), `build` fails and says to
+    /// choose `Drop` or `Pad`.
+    #[default]
+    Split,
+    /// The tail left out: every batch full. An epoch with no full batch on
+    /// every rank is an error.
+    Drop,
+    /// As PyTorch's `DistributedSampler`: the epoch's order is extended by
+    /// its own first samples (wrap-around) to a multiple of `world_size`,
+    /// then split as `Split` does. Never fails; at most `world_size - 1`
+    /// samples are seen twice in an epoch.
+    Pad,
+}
+
+impl Remainder {
+    /// The name in a [`LoaderState`](crate::LoaderState)'s identity.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Remainder::Split => "split",
+            Remainder::Drop => "drop",
+            Remainder::Pad => "pad",
+        }
+    }
+}
+
 /// Decides which samples go in which batch, for one rank.
 ///
 /// - **Order**: the source order, or (with a seed) a permutation drawn from
 ///   `(seed, epoch)`: different every epoch, the same on every run and rank.
-/// - **Sharding**: the epoch's order is cut into steps of
-///   `world_size * batch_size` samples; within a step rank `r` takes the
-///   `r`-th run of `batch_size`. Ranks never overlap and every rank gets the
-///   same number of batches, as data-parallel training needs.
-/// - **The tail** (fewer than `world_size * batch_size` samples left): with
-///   `drop_last` it is dropped. Without it, it is split as evenly as possible
-///   across ranks so every sample is seen once; when fewer samples than ranks
-///   are left, the last full step and the tail are split together into two
-///   smaller batches per rank. Unlike PyTorch's `DistributedSampler`, no
-///   sample is repeated to pad the shards.
+/// - **Sharding**: the epoch's order is cut into consecutive *stretches*,
+///   one per batch index: `world_size * batch_size` samples each, then what
+///   the [`Remainder`] policy makes of the tail. Rank `r` takes the `r`-th
+///   part of each stretch (parts differ in size by at most one). Ranks
+///   never overlap and every rank gets the same number of batches.
+/// - **Resume at any world size**: because every batch index of every rank
+///   together covers one stretch, the batches delivered before a position
+///   are a prefix of the epoch's order: one number (the samples before it,
+///   over all ranks) says where every rank is. The rest of the epoch is
+///   planned from there by the same rules, for any world size
+///   ([`plan`](Self::plan) with `from`); for the world size that planned
+///   the prefix, that gives exactly the batches an uninterrupted run
+///   yields.
 #[derive(Debug, Clone)]
 pub(crate) struct Sampler {
     len: usize,
     batch_size: usize,
     seed: Option<u64>,
-    drop_last: bool,
+    remainder: Remainder,
     rank: usize,
     world_size: usize,
 }
@@ -31,10 +78,15 @@ pub(crate) struct Sampler {
 /// How an epoch's order is cut into this rank's batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Source indices, the epoch's global order.
+    /// Source indices, the epoch's global order (under [`Remainder::Pad`],
+    /// followed by its padding).
     pub(crate) order: Vec<usize>,
     /// This rank's batches as ranges into `order`.
     pub(crate) batches: Vec<std::ops::Range<usize>>,
+    /// Samples of the epoch, over all ranks, planned before each batch
+    /// index: one entry more than `batches`. `before[0]` is where the plan
+    /// starts (0, or a resume point); random access: a prefix of `order`.
+    pub(crate) before: Vec<u64>,
 }
 
 impl Plan {
@@ -48,7 +100,7 @@ impl Plan {
 }
 
 /// `m` split into `parts` contiguous sizes differing by at most one, larger first.
-fn split_even(m: usize, parts: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn split_even(m: usize, parts: usize) -> impl Iterator<Item = usize> {
     let (q, r) = (m / parts, m % parts);
     (0..parts).map(move |i| q + usize::from(i < r))
 }
@@ -57,16 +109,14 @@ impl Sampler {
     /// A sampler over `len` samples. `seed: None` keeps the source order.
     ///
     /// Fails when `batch_size` or `world_size` is 0, `rank >= world_size`,
-    /// `len` is 0, `drop_last` leaves no batch at all (fewer samples than
-    /// `world_size * batch_size`), or the shards cannot have equal batch
-    /// counts without repeating or dropping samples (fewer samples than
-    /// ranks; or batch size 1 with a tail shorter than the number of ranks):
-    /// set `drop_last` then. A sampler that builds has at least one batch.
+    /// `len` is 0, or the policy cannot plan an epoch of `len` samples
+    /// ([`stretches`](Self::stretches)). A sampler that builds has at least
+    /// one batch.
     pub(crate) fn new(
         len: usize,
         batch_size: usize,
         seed: Option<u64>,
-        drop_last: bool,
+        remainder: Remainder,
         rank: usize,
         world_size: usize,
     ) -> Result<Self> {
@@ -78,49 +128,88 @@ impl Sampler {
                 "rank {rank} is not below world_size {world_size}"
             )));
         }
-        let Some(step) = world_size.checked_mul(batch_size) else {
+        if world_size.checked_mul(batch_size).is_none() {
             return Err(Error::InvalidConfig(format!(
                 "world_size {world_size} x batch_size {batch_size} overflows"
             )));
-        };
+        }
         if len == 0 {
             return Err(Error::InvalidConfig("the sampler has no samples".into()));
         }
-        if drop_last && len < step {
-            return Err(Error::InvalidConfig(format!(
-                "with drop_last, {len} samples make no full batch of {batch_size} on each of \
-                 {world_size} ranks (an epoch of 0 batches): lower batch_size or set \
-                 drop_last(false)"
-            )));
-        }
-        let tail = len % step;
-        if !drop_last && tail > 0 && tail < world_size && (len < step || batch_size == 1) {
-            return Err(Error::InvalidConfig(format!(
-                "{len} samples cannot be split into {world_size} shards with equal batch counts \
-                 at batch size {batch_size} without repeating samples: set drop_last(true)"
-            )));
-        }
-        Ok(Self {
+        let s = Self {
             len,
             batch_size,
             seed,
-            drop_last,
+            remainder,
             rank,
             world_size,
+        };
+        s.stretches(len).map_err(Error::InvalidConfig)?;
+        Ok(s)
+    }
+
+    /// The sizes of the stretches `n` samples are cut into, one per batch
+    /// index (each split across the ranks), or why the policy cannot give
+    /// every rank the same number of non-empty batches.
+    fn stretches(&self, n: usize) -> std::result::Result<Vec<usize>, String> {
+        let (bs, ws) = (self.batch_size, self.world_size);
+        let step = ws * bs;
+        let full = n / step;
+        match self.remainder {
+            Remainder::Drop if full == 0 => Err(format!(
+                "with drop_last, {n} samples make no full batch of {bs} on each of {ws} ranks \
+                 (an epoch of 0 batches): lower batch_size or keep the tail (Remainder::Split \
+                 or Pad)"
+            )),
+            Remainder::Drop => Ok(vec![step; full]),
+            Remainder::Split | Remainder::Pad => {
+                // Padding to a multiple of the ranks leaves a tail of at least one per rank.
+                let n = match self.remainder {
+                    Remainder::Pad => n.div_ceil(ws) * ws,
+                    _ => n,
+                };
+                let (full, tail) = (n / step, n % step);
+                let mut v = vec![step; full];
+                if tail == 0 || tail >= ws {
+                    v.extend((tail > 0).then_some(tail));
+                } else if full >= 1 && bs >= 2 {
+                    // Too few left for one per rank: the last full step and
+                    // the tail, as two stretches (each at least one per rank).
+                    v.pop();
+                    let m = step + tail;
+                    v.push(m.div_ceil(2));
+                    v.push(m / 2);
+                } else {
+                    return Err(format!(
+                        "{n} samples cannot be split into {ws} shards with equal batch counts at \
+                         batch size {bs} without repeating samples: set drop_last(true) or \
+                         remainder(Remainder::Pad)"
+                    ));
+                }
+                Ok(v)
+            }
+        }
+    }
+
+    /// Whether the rest of an epoch from sample `from` of its order can be
+    /// planned at this world size: the error says why not.
+    pub(crate) fn check_from(&self, from: u64) -> Result<()> {
+        let left = self.len.saturating_sub(from as usize);
+        if left == 0 {
+            return Ok(());
+        }
+        self.stretches(left).map(drop).map_err(|why| {
+            Error::InvalidConfig(format!(
+                "the {left} samples left of the epoch (from sample {from} of {}) cannot be \
+                 planned on {} ranks: {why}; resume on fewer ranks or from the next epoch",
+                self.len, self.world_size
+            ))
         })
     }
 
-    /// Batches this rank gets per epoch (the same for every epoch and rank).
+    /// Batches this rank gets per whole epoch (the same for every epoch and rank).
     pub(crate) fn num_batches(&self) -> usize {
-        let step = self.world_size * self.batch_size;
-        let (full, tail) = (self.len / step, self.len % step);
-        // A short tail adds one batch; a tail shorter than the rank count
-        // replaces the last full batch by two (see `plan`): one more either way.
-        if tail == 0 || self.drop_last {
-            full
-        } else {
-            full + 1
-        }
+        self.stretches(self.len).map_or(0, |v| v.len())
     }
 
     /// The epoch's global order: the source order or its `(seed, epoch)` permutation.
@@ -132,41 +221,40 @@ impl Sampler {
         order
     }
 
-    pub(crate) fn plan(&self, epoch: u64) -> Plan {
-        let (bs, ws, r) = (self.batch_size, self.world_size, self.rank);
-        let step = ws * bs;
-        let (full, tail) = (self.len / step, self.len % step);
-        let mut batches: Vec<_> = (0..full)
-            .map(|t| t * step + r * bs..t * step + (r + 1) * bs)
-            .collect();
-        if tail > 0 && !self.drop_last {
-            // Where this rank's part of a contiguous stretch starts and ends.
-            let part = |start: usize, total: usize| {
-                let mut at = start;
-                let mut mine = 0..0;
-                for (i, n) in split_even(total, ws).enumerate() {
-                    if i == r {
-                        mine = at..at + n;
-                    }
-                    at += n;
+    /// This rank's batches of `epoch` from sample `from` of the epoch's
+    /// order on (0: the whole epoch). A `from` that
+    /// [`check_from`](Self::check_from) refuses, or one at or past the end,
+    /// plans no batch.
+    pub(crate) fn plan(&self, epoch: u64, from: u64) -> Plan {
+        let (ws, r) = (self.world_size, self.rank);
+        let from = (from as usize).min(self.len);
+        let stretches = self.stretches(self.len - from).unwrap_or_default();
+        let mut order = self.order(epoch);
+        let end = from + stretches.iter().sum::<usize>();
+        if end > self.len {
+            // Padding: the epoch's own first samples again.
+            let pad: Vec<usize> = (self.len..end).map(|i| order[i % self.len]).collect();
+            order.extend(pad);
+        }
+        let mut batches = Vec::with_capacity(stretches.len());
+        let mut before = Vec::with_capacity(stretches.len() + 1);
+        let mut at = from;
+        before.push(at as u64);
+        for n in stretches {
+            let mut start = at;
+            for (i, part) in split_even(n, ws).enumerate() {
+                if i == r {
+                    batches.push(start..start + part);
                 }
-                mine
-            };
-            if tail >= ws {
-                batches.push(part(full * step, tail));
-            } else {
-                // Too few left for one per rank: split the last full step and
-                // the tail together, two batches per rank (each <= batch_size).
-                batches.pop();
-                let mine = part((full - 1) * step, step + tail);
-                let mid = mine.start + mine.len().div_ceil(2);
-                batches.push(mine.start..mid);
-                batches.push(mid..mine.end);
+                start += part;
             }
+            at += n;
+            before.push(at as u64);
         }
         Plan {
-            order: self.order(epoch),
+            order,
             batches,
+            before,
         }
     }
 }
@@ -176,38 +264,35 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
-    fn check_shards(len: usize, bs: usize, ws: usize, drop_last: bool) {
-        let samplers: Vec<_> = (0..ws)
-            .map(|r| Sampler::new(len, bs, Some(7), drop_last, r, ws).unwrap())
+    const POLICIES: [Remainder; 3] = [Remainder::Split, Remainder::Drop, Remainder::Pad];
+
+    fn sampler(len: usize, bs: usize, rem: Remainder, r: usize, ws: usize) -> Result<Sampler> {
+        Sampler::new(len, bs, Some(7), rem, r, ws)
+    }
+
+    /// Every rank's batches of epoch 3 from `from`: equal counts, each
+    /// non-empty and at most `bs`; returns the samples by rank.
+    fn rank_batches(len: usize, bs: usize, ws: usize, rem: Remainder, from: u64) -> Vec<usize> {
+        let plans: Vec<Plan> = (0..ws)
+            .map(|r| sampler(len, bs, rem, r, ws).unwrap().plan(3, from))
             .collect();
-        let mut seen = HashSet::new();
-        let nb = samplers[0].num_batches();
-        for s in &samplers {
-            let batches = s.plan(3).batch_indices();
-            assert_eq!(batches.len(), nb, "len {len} bs {bs} ws {ws}");
-            for b in &batches {
-                assert!(
-                    !b.is_empty() && b.len() <= bs,
-                    "len {len} bs {bs} ws {ws}: {b:?}"
-                );
-                if drop_last {
+        let nb = plans[0].batches.len();
+        let mut all = Vec::new();
+        for p in &plans {
+            assert_eq!(p.batches.len(), nb, "len {len} bs {bs} ws {ws} {rem:?}");
+            assert_eq!(
+                p.before, plans[0].before,
+                "every rank plans the same stretches"
+            );
+            for b in p.batch_indices() {
+                assert!(!b.is_empty() && b.len() <= bs, "len {len} bs {bs} ws {ws}");
+                if rem == Remainder::Drop {
                     assert_eq!(b.len(), bs);
                 }
-                for &i in b {
-                    assert!(seen.insert(i), "sample {i} on two ranks");
-                }
+                all.extend(b);
             }
         }
-        let expect = if drop_last {
-            len / (bs * ws) * bs * ws
-        } else {
-            len
-        };
-        assert_eq!(
-            seen.len(),
-            expect,
-            "len {len} bs {bs} ws {ws} drop {drop_last}"
-        );
+        all
     }
 
     #[test]
@@ -215,12 +300,82 @@ mod tests {
         for len in 1..70 {
             for bs in 1..6 {
                 for ws in 1..5 {
-                    for drop_last in [false, true] {
-                        if Sampler::new(len, bs, None, drop_last, 0, ws).is_ok() {
-                            check_shards(len, bs, ws, drop_last);
-                        } else {
-                            // drop_last fails only where it would leave no batch.
-                            assert!(!drop_last || len < bs * ws);
+                    for rem in POLICIES {
+                        if sampler(len, bs, rem, 0, ws).is_err() {
+                            // Only Drop with no full step, or Split with no
+                            // way to give each rank a sample, fail.
+                            assert!(rem != Remainder::Pad, "len {len} bs {bs} ws {ws}");
+                            continue;
+                        }
+                        let all = rank_batches(len, bs, ws, rem, 0);
+                        let set: HashSet<usize> = all.iter().copied().collect();
+                        let ctx = format!("len {len} bs {bs} ws {ws} {rem:?}");
+                        match rem {
+                            Remainder::Split => assert_eq!(all.len(), len, "{ctx}"),
+                            Remainder::Drop => assert_eq!(all.len(), len / (bs * ws) * bs * ws),
+                            Remainder::Pad => {
+                                assert_eq!(all.len(), len.div_ceil(ws) * ws, "{ctx}");
+                                assert_eq!(set.len(), len, "{ctx}: every sample at least once");
+                            }
+                        }
+                        if rem != Remainder::Pad {
+                            assert_eq!(set.len(), all.len(), "{ctx}: a sample twice");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The batches before any position are a prefix of the order; the
+    /// rest planned from it at the same world size is the uninterrupted
+    /// run's rest, and at any other world size covers the rest of the
+    /// epoch once (elastic resume).
+    #[test]
+    fn the_rest_of_an_epoch_plans_at_any_world_size() {
+        for len in 1..60 {
+            for bs in 1..5 {
+                for ws in 1..5 {
+                    for rem in POLICIES {
+                        let Ok(s) = sampler(len, bs, rem, 0, ws) else {
+                            continue;
+                        };
+                        let whole = s.plan(3, 0);
+                        let order = s.order(3);
+                        for (k, &at) in whole.before.iter().enumerate() {
+                            let ctx = format!("len {len} bs {bs} ws {ws} {rem:?} batch {k}");
+                            // Same world size: the suffix, for every rank.
+                            for r in 0..ws {
+                                let s = sampler(len, bs, rem, r, ws).unwrap();
+                                let rest = s.plan(3, at).batch_indices();
+                                let full = s.plan(3, 0).batch_indices();
+                                assert_eq!(rest, full[k.min(full.len())..], "{ctx} rank {r}");
+                            }
+                            let at = at.min(len as u64);
+                            for m in 1..6 {
+                                let Ok(first) = sampler(len, bs, rem, 0, m) else {
+                                    continue;
+                                };
+                                if first.check_from(at).is_err() {
+                                    continue;
+                                }
+                                let mut rest = rank_batches(len, bs, m, rem, at);
+                                let mut want = order[at as usize..].to_vec();
+                                if rem == Remainder::Drop {
+                                    let keep = want.len() / (bs * m) * bs * m;
+                                    want.truncate(keep);
+                                }
+                                if rem == Remainder::Pad {
+                                    // The rest once, and fewer than `m` repeats.
+                                    assert_eq!(rest.len(), want.len().div_ceil(m) * m, "{ctx}");
+                                    let got: HashSet<usize> = rest.iter().copied().collect();
+                                    assert!(want.iter().all(|i| got.contains(i)), "{ctx} on {m}");
+                                    continue;
+                                }
+                                rest.sort_unstable();
+                                want.sort_unstable();
+                                assert_eq!(rest, want, "{ctx} resumed on {m}");
+                            }
                         }
                     }
                 }
@@ -229,13 +384,43 @@ mod tests {
     }
 
     #[test]
-    fn unshuffled_is_source_order_and_shuffle_changes_per_epoch() {
-        let s = Sampler::new(10, 4, None, false, 0, 1).unwrap();
+    fn pad_wraps_around_to_the_epochs_first_samples() {
+        let s = Sampler::new(5, 2, None, Remainder::Pad, 0, 4).unwrap();
+        let p = s.plan(0, 0);
+        assert_eq!(p.order, vec![0, 1, 2, 3, 4, 0, 1, 2]);
+        assert_eq!(p.batch_indices(), vec![vec![0, 1]]);
+        let s3 = Sampler::new(5, 2, None, Remainder::Pad, 3, 4).unwrap();
+        assert_eq!(s3.plan(0, 0).batch_indices(), vec![vec![1, 2]]);
+        // With one sample and four ranks Split has no plan; Pad does.
+        assert!(Sampler::new(1, 2, None, Remainder::Split, 0, 4).is_err());
         assert_eq!(
-            s.plan(0).batch_indices(),
+            Sampler::new(1, 2, None, Remainder::Pad, 2, 4)
+                .unwrap()
+                .plan(0, 0)
+                .batch_indices(),
+            vec![vec![0]]
+        );
+    }
+
+    #[test]
+    fn a_rest_that_cannot_be_planned_says_so() {
+        let s = Sampler::new(10, 2, None, Remainder::Split, 0, 4).unwrap();
+        let err = s.check_from(9).unwrap_err().to_string();
+        assert!(
+            err.contains("1 samples left") && err.contains("4 ranks"),
+            "{err}"
+        );
+        assert!(s.check_from(10).is_ok(), "the end is the next epoch");
+    }
+
+    #[test]
+    fn unshuffled_is_source_order_and_shuffle_changes_per_epoch() {
+        let s = Sampler::new(10, 4, None, Remainder::Split, 0, 1).unwrap();
+        assert_eq!(
+            s.plan(0, 0).batch_indices(),
             vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
         );
-        let s = Sampler::new(100, 10, Some(1), false, 0, 1).unwrap();
+        let s = Sampler::new(100, 10, Some(1), Remainder::Split, 0, 1).unwrap();
         assert_ne!(s.order(0), s.order(1));
         assert_eq!(s.order(1), s.order(1));
         let mut sorted = s.order(0);
@@ -248,18 +433,16 @@ mod tests {
         for len in 0..70 {
             for bs in 1..6 {
                 for ws in 1..5 {
-                    for drop_last in [true, false] {
-                        if let Ok(s) = Sampler::new(len, bs, None, drop_last, 0, ws) {
-                            assert!(
-                                s.num_batches() > 0,
-                                "len {len} bs {bs} ws {ws} drop_last {drop_last}: 0 batches"
-                            );
+                    for rem in POLICIES {
+                        if let Ok(s) = Sampler::new(len, bs, None, rem, 0, ws) {
+                            assert!(s.num_batches() > 0, "len {len} bs {bs} ws {ws} {rem:?}");
+                            assert_eq!(s.num_batches(), s.plan(0, 0).batches.len());
                         }
                     }
                 }
             }
         }
-        let err = Sampler::new(5, 8, None, true, 0, 1)
+        let err = Sampler::new(5, 8, None, Remainder::Drop, 0, 1)
             .unwrap_err()
             .to_string();
         assert!(err.contains("drop_last"), "{err}");
@@ -267,6 +450,6 @@ mod tests {
 
     #[test]
     fn an_overflowing_rank_times_batch_is_an_error() {
-        assert!(Sampler::new(10, usize::MAX / 2, None, false, 0, 4).is_err());
+        assert!(Sampler::new(10, usize::MAX / 2, None, Remainder::Split, 0, 4).is_err());
     }
 }

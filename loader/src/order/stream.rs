@@ -305,9 +305,24 @@ impl StreamPlanner {
             .collect();
         let take = order.len().min(batches * self.batch_size);
         let bs = self.batch_size;
+        // Every rank's planned records, for the samples of all ranks before
+        // each batch (the state's position, the same on every rank).
+        let takes: Vec<usize> = (0..self.world_size)
+            .map(|r| {
+                let n: usize = self
+                    .rank_shards(epoch, r)
+                    .iter()
+                    .map(|&s| self.shards[s].records)
+                    .sum();
+                n.min(batches * bs)
+            })
+            .collect();
         Plan {
             batches: (0..batches)
                 .map(|b| b * bs..((b + 1) * bs).min(take))
+                .collect(),
+            before: (0..=batches)
+                .map(|b| takes.iter().map(|&t| t.min(b * bs) as u64).sum())
                 .collect(),
             order,
         }
@@ -572,6 +587,16 @@ mod tests {
                 })
                 .collect();
             assert_eq!(plans[0].batches.len(), plans[1].batches.len());
+            // Every rank plans the same samples-before table: the sum of
+            // all ranks' batches before each index.
+            assert_eq!(plans[0].before, plans[1].before);
+            for (b, &before) in plans[0].before.iter().enumerate() {
+                let sum: usize = plans
+                    .iter()
+                    .map(|p| p.batches[..b].iter().map(|r| r.len()).sum::<usize>())
+                    .sum();
+                assert_eq!(before, sum as u64, "epoch {epoch} batch {b}");
+            }
             let mut seen: Vec<usize> = plans.iter().flat_map(|p| p.order.clone()).collect();
             seen.sort();
             seen.dedup();

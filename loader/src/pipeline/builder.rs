@@ -11,7 +11,8 @@ use crate::fields::Schema;
 use crate::geometry::Size;
 use crate::layout::Output;
 use crate::map::{ImageClassification, Map};
-use crate::order::sampler::Sampler;
+use crate::order::ranks::Ranks;
+use crate::order::sampler::{Remainder, Sampler};
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
 use crate::source::Source;
@@ -42,12 +43,12 @@ pub struct LoaderBuilder {
     pub(super) in_flight: Setting,
     pub(super) shuffle: Option<u64>,
     pub(super) seed: Option<u64>,
-    pub(super) drop_last: bool,
+    pub(super) remainder: Remainder,
     pub(super) size: Size,
     pub(super) transforms: TransformChoice,
     pub(super) output: Output,
     pub(super) device: Device,
-    pub(super) shard: Option<(usize, usize)>,
+    pub(super) ranks: Option<std::result::Result<Ranks, (usize, usize)>>,
     pub(super) bad_samples: BadSamples,
     pub(super) interleave: Option<Interleave>,
     pub(super) shuffle_buffer: Option<usize>,
@@ -76,12 +77,12 @@ impl LoaderBuilder {
             in_flight: Setting::Auto,
             shuffle: None,
             seed: None,
-            drop_last: false,
+            remainder: Remainder::Split,
             size: Size::square(224),
             transforms: TransformChoice::Eval,
             output: Output::imagenet(),
             device: Device::Cpu,
-            shard: None,
+            ranks: None,
             bad_samples: BadSamples::Fail,
             interleave: None,
             shuffle_buffer: None,
@@ -163,10 +164,13 @@ impl LoaderBuilder {
     /// `build` refuses a state whose source or settings differ from this
     /// loader's, naming each difference ([`Error::StateMismatch`]).
     ///
-    /// In the random-access mode resuming costs nothing; in the streaming
-    /// mode the loader re-reads, without decoding, the records of the
-    /// epoch before the saved batch (its shuffle buffer is rebuilt from
-    /// them): at most one epoch of record reads.
+    /// In the random-access mode resuming costs nothing, and the state
+    /// may come from a job of another world size (elastic resume: the rest
+    /// of the epoch is planned from the samples all ranks had taken, each
+    /// exactly once; see [`LoaderState`]). In the streaming mode the loader
+    /// re-reads, without decoding, the records of the epoch before the
+    /// saved batch (its shuffle buffer is rebuilt from them): at most one
+    /// epoch of record reads; mid-epoch it resumes on the same world size only.
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
         self
@@ -298,14 +302,28 @@ impl LoaderBuilder {
     }
 
     /// Drop the short last batch (and, when sharded, any tail that cannot
-    /// give every rank a full batch). Default `false`: with random access
+    /// give every rank a full batch): `remainder(Remainder::Drop)`; `false`
+    /// is `remainder(Remainder::Split)`, the default: with random access
     /// every sample is used every epoch. In the streaming mode with several
     /// ranks an epoch stops at the batch count every rank's shards fill;
     /// the records a rank holds beyond it are read in other epochs, which
     /// deal the shards differently (reshuffled with a seed, rotated by one
     /// shard per epoch without).
     pub fn drop_last(mut self, yes: bool) -> Self {
-        self.drop_last = yes;
+        self.remainder = if yes {
+            Remainder::Drop
+        } else {
+            Remainder::Split
+        };
+        self
+    }
+
+    /// What an epoch does with the samples that do not fill a batch on
+    /// every rank: split them evenly (default), drop them, or pad the epoch
+    /// by wrap-around as PyTorch's `DistributedSampler` does. See
+    /// [`Remainder`]. The streaming mode takes `Split` and `Drop`.
+    pub fn remainder(mut self, remainder: Remainder) -> Self {
+        self.remainder = remainder;
         self
     }
 
@@ -357,12 +375,21 @@ impl LoaderBuilder {
         self
     }
 
-    /// Use only shard `rank` of `world_size` (data-parallel training).
-    /// Default: the `RANK` and `WORLD_SIZE` environment variables when both
-    /// are set, as torchrun sets them, one shard when neither is, and an
-    /// error from `build` when only one is.
+    /// Use only shard `rank` of `world_size` (data-parallel training): as
+    /// [`ranks`](Self::ranks) with [`Ranks::new`]; `build` fails unless
+    /// `rank < world_size`.
     pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
-        self.shard = Some((rank, world_size));
+        self.ranks = Some(Err((rank, world_size)));
+        self
+    }
+
+    /// This process's rank and the job's world size (data-parallel
+    /// training: every rank gets a disjoint share of each epoch and the
+    /// same number of batches). Default: [`Ranks::from_env`], the
+    /// launcher's variables (torchrun, Open MPI, PMI, SLURM), one process
+    /// when none is set; a contradiction among them fails `build`.
+    pub fn ranks(mut self, ranks: Ranks) -> Self {
+        self.ranks = Some(Ok(ranks));
         self
     }
 
@@ -398,16 +425,28 @@ impl LoaderBuilder {
         if self.source.is_empty() {
             return Err(Error::InvalidConfig("the source has no samples".into()));
         }
-        let (rank, world_size) = match self.shard {
-            Some(s) => s,
-            None => shard_from_env()?,
+        let ranks = match self.ranks {
+            Some(Ok(ranks)) => ranks,
+            Some(Err((rank, world_size))) => Ranks::new(rank, world_size)?,
+            None => Ranks::from_env()?,
+        };
+        let (rank, world_size) = (ranks.rank(), ranks.world_size());
+        let drop_last = match (self.interleave, self.remainder) {
+            (Some(_), Remainder::Pad) => {
+                return Err(Error::InvalidConfig(
+                    "remainder(Pad) applies to random access: the streaming mode gives each \
+                     rank whole shards (use Split or Drop)"
+                        .into(),
+                ))
+            }
+            (_, r) => r == Remainder::Drop,
         };
         let order = match self.interleave {
             Some(il) => Order::Stream(StreamPlanner::new(
                 self.source.shards(),
                 self.batch_size,
                 self.shuffle,
-                self.drop_last,
+                drop_last,
                 (rank, world_size),
                 il,
                 self.shuffle_buffer.unwrap_or(1024),
@@ -421,7 +460,7 @@ impl LoaderBuilder {
                 self.source.len(),
                 self.batch_size,
                 self.shuffle,
-                self.drop_last,
+                self.remainder,
                 rank,
                 world_size,
             )?),
@@ -470,7 +509,7 @@ impl LoaderBuilder {
             seed,
             shuffle_seed: self.shuffle,
             batch_size: self.batch_size,
-            drop_last: self.drop_last,
+            remainder: self.remainder.name().into(),
             world_size,
             mode: match (self.interleave, self.shuffle) {
                 // The buffer shuffles only a shuffled stream.
@@ -503,7 +542,7 @@ impl LoaderBuilder {
         let position = match &self.resume {
             Some(state) => {
                 state.check(&identity)?;
-                state.position()
+                order.resume_at(state)?
             }
             None => Position::default(),
         };
@@ -599,22 +638,5 @@ impl LoaderBuilder {
             channel,
             position,
         )
-    }
-}
-
-pub(super) fn shard_from_env() -> Result<(usize, usize)> {
-    let var = |name| std::env::var(name).ok();
-    match (var("RANK"), var("WORLD_SIZE")) {
-        (Some(r), Some(w)) => match (r.trim().parse(), w.trim().parse()) {
-            (Ok(r), Ok(w)) => Ok((r, w)),
-            _ => Err(Error::InvalidConfig(format!(
-                "RANK={r:?} and WORLD_SIZE={w:?} must be integers (or call shard())"
-            ))),
-        },
-        (None, None) => Ok((0, 1)),
-        (r, w) => Err(Error::InvalidConfig(format!(
-            "RANK={r:?} and WORLD_SIZE={w:?}: set both (as torchrun does) or neither, or call \
-             shard(rank, world_size); with one alone every rank would read the same batches"
-        ))),
     }
 }

@@ -116,6 +116,7 @@ fn an_epoch_ended_by_a_failure_closes_its_channel_when_drained_by_the_consumer()
     let plan = Arc::new(Plan {
         order: (0..8).collect(),
         batches: (0..4).map(|b| 2 * b..2 * b + 2).collect(),
+        before: (0..5).map(|b| 2 * b).collect(),
     });
     let cancel = Arc::new(AtomicBool::new(false));
     let inbox = Arc::new(Inbox::new(

@@ -28,10 +28,37 @@ pub(super) enum Order {
 }
 
 impl Order {
-    fn plan(&self, epoch: u64) -> Plan {
+    /// The batches of `epoch` from sample `from` of its order on (random
+    /// access; the streaming mode always plans whole epochs, `from` 0).
+    fn plan(&self, epoch: u64, from: u64) -> Plan {
         match self {
-            Order::Sampled(s) => s.plan(epoch),
+            Order::Sampled(s) => s.plan(epoch, from),
             Order::Stream(s) => s.plan(epoch),
+        }
+    }
+
+    /// Where a loader built from `state` (checked already) goes on. Random
+    /// access: at the saved batch when this world size planned it (the
+    /// uninterrupted run's batches and numbering), else the rest of the
+    /// epoch planned from the samples all ranks had taken (elastic resume).
+    pub(super) fn resume_at(&self, state: &LoaderState) -> Result<Position> {
+        let at = Position {
+            epoch: state.epoch,
+            batch: state.batch,
+            samples: state.samples,
+            from: 0,
+        };
+        match self {
+            Order::Stream(_) => Ok(at),
+            Order::Sampled(s) => {
+                let same = s.plan(state.epoch, 0).before.get(state.batch) == Some(&state.samples);
+                if same {
+                    return Ok(at);
+                }
+                s.check_from(state.samples)?;
+                let rest = s.plan(state.epoch, state.samples);
+                Ok(Position::new(state.epoch, 0, &rest.before))
+            }
         }
     }
 }
@@ -178,8 +205,8 @@ impl Loader {
     /// again; [`epoch_from(e, 0)`](Self::epoch_from) restarts it on purpose.
     pub fn epoch(&mut self, epoch: u64) -> Epoch<'_> {
         match self.resumed {
-            Some(p) if p.epoch == epoch => self.epoch_from(epoch, p.batch),
-            _ => self.epoch_from(epoch, 0),
+            Some(p) if p.epoch == epoch => self.epoch_at(epoch, p.from, p.batch),
+            _ => self.epoch_at(epoch, 0, 0),
         }
     }
 
@@ -209,8 +236,10 @@ impl Loader {
     /// # Ok(()) }
     /// ```
     pub fn next_epoch(&mut self) -> Epoch<'_> {
-        let Position { epoch, batch, .. } = self.position;
-        self.epoch_from(epoch, batch)
+        let Position {
+            epoch, batch, from, ..
+        } = self.position;
+        self.epoch_at(epoch, from, batch)
     }
 
     /// Where the loader is: the next batch [`next_epoch`](Self::next_epoch)
@@ -228,11 +257,15 @@ impl Loader {
     /// interrupted epoch: they equal the batches a full run yields from
     /// there. A `start` past the end gives an empty epoch.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
+        self.epoch_at(epoch, 0, start)
+    }
+
+    /// Batch `start` on of `epoch`'s plan from sample `from` of its order.
+    fn epoch_at(&mut self, epoch: u64, from: u64, start: usize) -> Epoch<'_> {
         self.resumed = None;
-        let plan = self.order.plan(epoch);
+        let plan = self.order.plan(epoch, from);
         let total = plan.batches.len();
-        let before: Arc<[u64]> =
-            Position::samples_before(plan.batches.iter().map(|b| b.len())).into();
+        let before: Arc<[u64]> = plan.before.clone().into();
         self.position = Position::new(epoch, start, &before);
         let cancel = Arc::new(AtomicBool::new(false));
         let stream = match &self.order {
@@ -335,7 +368,7 @@ impl Loader {
     /// This rank's batches of `epoch`, as source indices, in the order the
     /// loader yields them.
     pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        self.order.plan(epoch).batch_indices()
+        self.order.plan(epoch, 0).batch_indices()
     }
 
     /// The built-in image map's transform (for benchmarks; not part of the
