@@ -190,6 +190,23 @@ pub enum Error {
         expected: usize,
     },
 
+    /// A request to object storage (S3, GCS, Azure, HTTP) failed: the
+    /// object or bucket is missing, access was refused, or the network or
+    /// server failed (transient: [`retry`](crate::LoaderBuilder::retry)
+    /// tries it again).
+    #[error("cannot read {url:?}: {reason}: {source}")]
+    Remote {
+        /// The object's URL.
+        url: String,
+        /// What failed.
+        reason: String,
+        /// Whether trying again may succeed (a network or server error).
+        transient: bool,
+        /// The object store's error.
+        #[source]
+        source: BoxError,
+    },
+
     /// A device operation failed: making a batch's tensors, copying them,
     /// normalizing or converting them, or setting up the upload.
     #[error("device error while {what}: {source}")]
@@ -226,6 +243,7 @@ impl Error {
         matches!(
             self,
             Error::Io { .. }
+                | Error::Remote { .. }
                 | Error::Shard { .. }
                 | Error::EmptyFile { .. }
                 | Error::Decode { .. }
@@ -280,7 +298,19 @@ impl Error {
         use std::io::ErrorKind::*;
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = cur {
+            if let Some(Error::Remote { transient, .. }) = e.downcast_ref::<Error>() {
+                return *transient;
+            }
             if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                // A wick error carried through a reader (`io::Error::other`),
+                // whose `source` skips it.
+                if io
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<Error>())
+                    .is_some_and(Error::is_transient)
+                {
+                    return true;
+                }
                 let transient_kind = matches!(
                     io.kind(),
                     Interrupted | WouldBlock | TimedOut | ConnectionReset | ConnectionAborted

@@ -152,6 +152,7 @@ mod rng;
 pub mod source;
 pub mod state;
 pub mod stats;
+pub mod storage;
 mod transform;
 pub mod tune;
 pub mod write;

@@ -1,8 +1,6 @@
 //! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
 
-use super::{
-    is_image_path, labeled_key, read_file_into, read_labeled, Parts, Record, Source, Value,
-};
+use super::{is_image_path, labeled_key, read_labeled, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -84,8 +82,15 @@ fn walk(dir: &Path, folders: &mut Vec<(String, Vec<PathBuf>)>) -> Result<()> {
 impl ImageFolder {
     /// Lists `root`. Fails if `root` is not a folder, has no class folder, or
     /// a class folder has no image.
+    ///
+    /// `root` may be a URL (`s3://bucket/train/`, `gs://..`, `file://..`):
+    /// the objects under it are listed, `<class>/` is the first name after
+    /// the root, and each class's images are sorted by their whole name.
     pub fn new(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
+        if crate::storage::is_url(&root) {
+            return Self::remote(root);
+        }
         if !root.is_dir() {
             return Err(Error::Dataset {
                 path: root,
@@ -124,6 +129,48 @@ impl ImageFolder {
                 reason: "no class folders: expected root/<class>/<image>".into(),
                 source: None,
             });
+        }
+        Ok(Self {
+            root,
+            classes,
+            samples,
+        })
+    }
+
+    /// An image folder in object storage: every object under `root`,
+    /// grouped by the first name after it (the class).
+    fn remote(root: PathBuf) -> Result<Self> {
+        let url = crate::storage::url_of(&root)
+            .trim_end_matches('/')
+            .to_string();
+        let mut by_class: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+        for object in crate::storage::list_all(&url)? {
+            let Some(rest) = object.strip_prefix(url.as_str()) else {
+                continue;
+            };
+            let rest = rest.trim_start_matches('/');
+            let Some((class, name)) = rest.split_once('/') else {
+                continue; // beside the class folders, as a local file there
+            };
+            let hidden = class.starts_with('.') || name.split('/').any(|n| n.starts_with('.'));
+            let path = PathBuf::from(&object);
+            if !hidden && is_image_path(&path) {
+                by_class.entry(class.to_string()).or_default().push(path);
+            }
+        }
+        if by_class.is_empty() {
+            return Err(Error::Dataset {
+                path: root,
+                reason: "no images under <class>/ prefixes: expected root/<class>/<image>".into(),
+                source: None,
+            });
+        }
+        let mut samples = Vec::new();
+        let mut classes = Vec::new();
+        for (label, (class, mut files)) in by_class.into_iter().enumerate() {
+            files.sort();
+            samples.extend(files.into_iter().map(|f| (f, label as u32)));
+            classes.push(class);
         }
         Ok(Self {
             root,
@@ -232,7 +279,8 @@ impl Source for ImageMaskFolders {
         if !parts.wants("mask") {
             return Ok(record);
         }
-        let mask = read_file_into(&self.masks[index], Vec::new())?;
+        let mask =
+            crate::storage::read_whole(&self.masks[index], Vec::new(), super::MAX_FILE_BYTES)?;
         Ok(record.with_part("mask", Value::Bytes(mask)))
     }
 

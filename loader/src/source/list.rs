@@ -54,10 +54,8 @@ impl FileList {
     /// Parses the list at `path`.
     pub fn new(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let text = std::fs::read(&path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
+        // Local or remote (a URL); a list over 1 GiB is refused.
+        let text = crate::storage::read_whole(&path, Vec::new(), 1 << 30)?;
         let first_line = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
         let is_tsv = path
             .extension()
@@ -108,7 +106,13 @@ impl FileList {
                     source: None,
                 });
             }
-            rows.push((base.join(file), label.to_string(), line));
+            // An entry may be a URL of its own; else it is relative to the list.
+            let file = if crate::storage::is_url(Path::new(file)) {
+                PathBuf::from(file)
+            } else {
+                base.join(file)
+            };
+            rows.push((file, label.to_string(), line));
             extra.push(row.iter().skip(2).map(str::to_string).collect());
         }
         let is_index = |l: &str| l.parse::<u32>().is_ok();

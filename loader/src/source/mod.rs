@@ -15,7 +15,7 @@ pub use folder::{ImageFolder, ImageMaskFolders};
 pub use list::FileList;
 pub use memory::MemorySource;
 pub use open::open_path;
-pub(crate) use shards::read_exact_at;
+pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
 pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
@@ -365,7 +365,7 @@ pub(crate) fn read_labeled(
     let (path, label) = &samples[index];
     Ok(Record::encoded(
         path.display().to_string(),
-        read_file_into(path, bytes)?,
+        crate::storage::read_whole(path, bytes, MAX_FILE_BYTES)?,
         *label,
     ))
 }

@@ -32,6 +32,15 @@ pub fn open_path(path: impl AsRef<Path>) -> Result<Box<dyn Source>> {
     if let Some(p) = has(&[".safetensors"]) {
         return Ok(Box::new(SafetensorsShards::open(p)?));
     }
+    if crate::storage::is_url(path) {
+        let url = crate::storage::url_of(path).to_ascii_lowercase();
+        let list = [".csv", ".tsv", ".txt"].iter().any(|s| url.ends_with(s));
+        return Ok(if list {
+            Box::new(FileList::new(path)?)
+        } else {
+            Box::new(ImageFolder::new(path)?)
+        });
+    }
     Ok(if path.is_dir() {
         Box::new(ImageFolder::new(path)?)
     } else {

@@ -211,7 +211,14 @@ pub(crate) fn read_exact_at(file: &File, path: &Path, offset: u64, buf: &mut [u8
 /// The shard files of `path` whose names end with one of `suffixes`: the
 /// file itself, or the files in the folder `path`, sorted by name. An error
 /// when there are none.
+///
+/// A URL (`s3://bucket/train/`) is listed the same way: the object itself,
+/// a brace range (`https://host/train-{0000..0099}.tar`), or every object
+/// under the prefix.
 pub fn shard_paths(path: &Path, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
+    if crate::storage::is_url(path) {
+        return crate::storage::list_urls(crate::storage::url_of(path), suffixes);
+    }
     let matches = |p: &Path| {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         suffixes.iter().any(|s| name.ends_with(s))

@@ -11,12 +11,12 @@
 //!
 //! Labels may be any integer dtype; they are checked on open.
 
-use super::shards::{open_shard, shard_error, Cause, ShardSet};
-use super::{read_exact_at, Damage, Parts, Record, ShardInfo, Source, Value};
+use super::shards::{shard_error, Cause, ShardSet};
+use super::{Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{Error, Result};
 use crate::geometry::Size;
+use crate::storage::Blob;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// The largest header the safetensors crate accepts (its own limit).
@@ -39,7 +39,7 @@ enum HostLayout {
 
 #[derive(Debug)]
 struct Shard {
-    file: File,
+    file: Blob,
     path: PathBuf,
     layout: HostLayout,
     labels: Vec<u32>,
@@ -125,7 +125,7 @@ impl SafetensorsShards {
 /// (as `SafeTensors::read_metadata` does over a whole file), then only the
 /// label (and offset) tensors read.
 fn open_one(path: &Path) -> Result<Shard> {
-    let (file, len) = open_shard(path)?;
+    let (file, len) = Blob::open(path)?;
     let bad = |offset: u64, reason: String| shard_error(path, offset, reason);
     let mut n = [0; 8];
     if len < 8 {
@@ -134,7 +134,7 @@ fn open_one(path: &Path) -> Result<Shard> {
             format!("{len} bytes: too short for a safetensors header"),
         ));
     }
-    read_exact_at(&file, path, 0, &mut n)?;
+    file.read_exact_at(path, 0, &mut n)?;
     let n = u64::from_le_bytes(n);
     if n > MAX_HEADER || 8 + n > len {
         return Err(bad(
@@ -143,7 +143,7 @@ fn open_one(path: &Path) -> Result<Shard> {
         ));
     }
     let mut header = vec![0; n as usize];
-    read_exact_at(&file, path, 8, &mut header)?;
+    file.read_exact_at(path, 8, &mut header)?;
     let meta: Metadata = serde_json::from_slice(&header)
         .map_err(|e| shard_error(path, 8, Cause::new("bad safetensors header", e)))?;
     let data_start = 8 + n;
@@ -157,7 +157,7 @@ fn open_one(path: &Path) -> Result<Shard> {
     let read = |info: &TensorInfo| -> Result<Vec<u8>> {
         let (s, e) = info.data_offsets;
         let mut data = vec![0; e - s];
-        read_exact_at(&file, path, data_start + s as u64, &mut data)?;
+        file.read_exact_at(path, data_start + s as u64, &mut data)?;
         Ok(data)
     };
     let (layout, labels) = layout_of(path, &meta, data_start as usize, &read)?;
@@ -314,7 +314,9 @@ impl Source for SafetensorsShards {
         };
         bytes.clear();
         bytes.resize(size, 0);
-        read_exact_at(&shard.file, &shard.path, at as u64, &mut bytes)?;
+        shard
+            .file
+            .read_exact_at(&shard.path, at as u64, &mut bytes)?;
         Ok(Record {
             rgb_size,
             ..Record::encoded(key, bytes, label)
@@ -334,7 +336,9 @@ impl Source for SafetensorsShards {
         for r in shard.rows.iter().filter(|r| parts.wants(&r.name)) {
             let mut data = vec![0; r.row_bytes];
             let at = r.start + n * r.row_bytes;
-            read_exact_at(&shard.file, &shard.path, at as u64, &mut data)?;
+            shard
+                .file
+                .read_exact_at(&shard.path, at as u64, &mut data)?;
             let value = Value::Array {
                 dtype: r.dtype.clone(),
                 shape: r.shape.clone(),

@@ -402,6 +402,12 @@ fn prefetch_line(p: *const u8) {
 
 /// The open file, its size and its mapping.
 fn map(path: &Path) -> Result<(std::fs::File, u64, Mmap)> {
+    if crate::storage::is_url(path) {
+        return Err(Error::InvalidConfig(format!(
+            "{path:?}: token files are memory-mapped from local disk; reading them from object \
+             storage is not supported yet (copy the file locally)"
+        )));
+    }
     let (file, bytes) = open_shard(path)?;
     // SAFETY: the map is read-only and every access is bounds-checked
     // against its length. That is sound only while no one writes the file

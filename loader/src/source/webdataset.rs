@@ -2,10 +2,10 @@
 //! the first dot of the file name: `0001.jpg` + `0001.cls`) and follow one
 //! another in the archive.
 
-use super::shards::{open_shard, shard_error, Cause, ShardOptions, ShardSet};
-use super::{read_exact_at, Damage, Parts, Record, ShardInfo, Source, Value, IMAGE_EXTENSIONS};
+use super::shards::{shard_error, Cause, ShardOptions, ShardSet};
+use super::{Damage, Parts, Record, ShardInfo, Source, Value, IMAGE_EXTENSIONS};
 use crate::error::{Error, Result};
-use std::fs::File;
+use crate::storage::Blob;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -83,7 +83,7 @@ struct Members {
 /// ```
 #[derive(Debug)]
 pub struct WebDataset {
-    files: Vec<(PathBuf, File)>,
+    files: Vec<(PathBuf, Blob)>,
     /// Samples of each shard.
     samples: Vec<Vec<Sample>>,
     /// Members of each shard's samples.
@@ -128,9 +128,10 @@ impl WebDataset {
         let mut exts = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            let (file, len) = open_shard(path)?;
+            let (file, len) = Blob::open(path)?;
             let mut m = Members::default();
-            let shard = index_shard(path, &file, len, &opts, &mut set, (&mut m, &mut exts))?;
+            let reader = file.reader(path, len);
+            let shard = index_shard(path, reader, len, &opts, &mut set, (&mut m, &mut exts))?;
             set.push(path, shard.len());
             samples.push(shard);
             members.push(m);
@@ -346,9 +347,14 @@ fn index_shard<R: Read + std::io::Seek>(
 fn os_error(e: &std::io::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
+        // A local disk's error, or a failed request to object storage.
         if err
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.raw_os_error().is_some())
+            || matches!(
+                err.downcast_ref::<Error>(),
+                Some(Error::Io { .. } | Error::Remote { .. })
+            )
         {
             return true;
         }
@@ -442,7 +448,7 @@ impl Source for WebDataset {
                 continue;
             }
             let mut data = vec![0; m.len as usize];
-            read_exact_at(file, path, m.offset, &mut data)?;
+            file.read_exact_at(path, m.offset, &mut data)?;
             record.parts.push((ext.clone(), Value::Bytes(data)));
         }
         Ok(record)
@@ -454,7 +460,7 @@ impl Source for WebDataset {
         let sample = &self.samples[s][n];
         bytes.clear();
         bytes.resize(sample.len as usize, 0);
-        read_exact_at(file, path, sample.offset, &mut bytes)?;
+        file.read_exact_at(path, sample.offset, &mut bytes)?;
         if bytes.is_empty() {
             return Err(Error::EmptyFile {
                 key: self.key(index),

@@ -3,9 +3,7 @@
 //! offsets or one after another from any byte stream.
 
 use crate::error::{Error, Result};
-use crate::source::read_exact_at;
 use crate::source::shards::{shard_error, Cause, ShardOptions, ShardSet};
-use std::fs::File;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
@@ -46,7 +44,7 @@ pub(super) fn check_record<'a>(path: &Path, offset: u64, buf: &'a [u8]) -> Resul
 /// data) and returns each record's offset and data length.
 pub(super) fn scan(
     path: &Path,
-    file: &File,
+    file: &mut crate::storage::BlobReader,
     file_len: u64,
     opts: &ShardOptions,
     set: &mut ShardSet,
@@ -61,7 +59,7 @@ pub(super) fn scan(
                 file_len - offset
             ))
         } else {
-            read_exact_at(file, path, offset, &mut head)?;
+            file.read_exact_at(offset, &mut head)?;
             match header_len(&head) {
                 Err(reason) => Some(reason),
                 Ok(len) if offset + 16 + len > file_len => Some(format!(

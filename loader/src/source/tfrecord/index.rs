@@ -3,8 +3,7 @@
 
 use super::framing::{header_len, MAX_RECORD};
 use crate::error::{Error, Result};
-use crate::source::read_exact_at;
-use std::fs::File;
+use crate::storage::BlobReader;
 use std::path::{Path, PathBuf};
 
 /// `<shard>.idx`.
@@ -23,12 +22,14 @@ pub(super) fn index_path(path: &Path) -> PathBuf {
 pub(super) fn read_index_file(
     idx: &Path,
     shard: &Path,
-    file: &File,
+    file: &mut BlobReader,
     file_len: u64,
 ) -> Result<Vec<(u64, u64)>> {
-    let text = std::fs::read_to_string(idx).map_err(|source| Error::Io {
+    let bytes = crate::storage::read_whole(idx, Vec::new(), 1 << 30)?;
+    let text = String::from_utf8(bytes).map_err(|e| Error::Dataset {
         path: idx.to_path_buf(),
-        source,
+        reason: "not UTF-8 text".into(),
+        source: Some(Box::new(e)),
     })?;
     let bad = |line: usize, reason: String| {
         Error::Dataset {
@@ -77,7 +78,8 @@ pub(super) fn read_index_file(
                 ))
             }
         };
-        read_exact_at(file, shard, offset, &mut head)?;
+        let _ = shard;
+        file.read_exact_at(offset, &mut head)?;
         match header_len(&head) {
             Ok(actual) if actual == len => {}
             Ok(actual) => {

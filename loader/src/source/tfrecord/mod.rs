@@ -12,13 +12,13 @@ mod index;
 pub(crate) use example::example_bytes;
 pub(crate) use framing::masked_crc;
 
-use super::shards::{open_shard, shard_error, ShardOptions, ShardSet};
-use super::{read_exact_at, Damage, Parts, Record, RecordStream, ShardInfo, Source};
+use super::shards::{shard_error, ShardOptions, ShardSet};
+use super::{Damage, Parts, Record, RecordStream, ShardInfo, Source};
 use crate::error::{Error, Result};
+use crate::storage::{Blob, BlobReader};
 use example::parse_example;
 use framing::{check_record, scan, RecordReader};
 use index::{index_path, read_index_file, write_index_file};
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -89,7 +89,7 @@ struct Shard {
     path: PathBuf,
     compression: Compression,
     /// Open file for positioned reads (uncompressed shards only).
-    file: Option<File>,
+    file: Option<Blob>,
     /// `(offset, data length)` of each record (uncompressed shards; a
     /// compressed one is read in order and keeps only its count, so a
     /// stream of many tiny records costs no memory per record).
@@ -135,14 +135,21 @@ impl TfRecord {
         for path in paths {
             let path = path.as_ref();
             let compression = opts.compression.resolve(path);
-            let (file, len) = open_shard(path)?;
+            let (file, len) = Blob::open(path)?;
             let (records, count, file) = if compression == Compression::None {
                 let idx = index_path(path);
-                let records = if opts.read_index_files && idx.exists() {
-                    read_index_file(&idx, path, &file, len)?
+                let mut reader = file.reader(path, len);
+                let remote = crate::storage::is_url(path);
+                let has_index = if remote {
+                    opts.read_index_files && Blob::open(&idx).is_ok()
                 } else {
-                    let records = scan(path, &file, len, &opts.shard, &mut set)?;
-                    if opts.write_index_files {
+                    opts.read_index_files && idx.exists()
+                };
+                let records = if has_index {
+                    read_index_file(&idx, path, &mut reader, len)?
+                } else {
+                    let records = scan(path, &mut reader, len, &opts.shard, &mut set)?;
+                    if opts.write_index_files && !remote {
                         write_index_file(&idx, &records)?;
                     }
                     records
@@ -151,7 +158,8 @@ impl TfRecord {
                 (records, count, Some(file))
             } else {
                 let mut count = 0;
-                let mut reader = RecordReader::new(decompress(file, compression), path);
+                let mut reader =
+                    RecordReader::new(decompress(file.reader(path, len), compression), path);
                 while let Some(head) = reader.next_header() {
                     match head.and_then(|(_, len)| reader.skip(len)) {
                         Ok(()) => count += 1,
@@ -199,7 +207,7 @@ impl Source for TfRecord {
         };
         let (offset, len) = shard.records[number];
         let mut buf = vec![0; len as usize + 16];
-        read_exact_at(file, &shard.path, offset, &mut buf)?;
+        file.read_exact_at(&shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
         let at = (shard.path.as_path(), offset);
         example_record(&self.opts, self.set.key(index), data, parts, at)
@@ -220,8 +228,11 @@ impl Source for TfRecord {
         if s.compression == Compression::None {
             return Ok(None);
         }
-        let (file, _) = open_shard(&s.path)?;
-        let mut reader = RecordReader::new(decompress(file, s.compression), &s.path);
+        let (file, len) = Blob::open(&s.path)?;
+        let mut reader = RecordReader::new(
+            decompress(file.reader(&s.path, len), s.compression),
+            &s.path,
+        );
         let (path, opts, parts) = (s.path.clone(), self.opts.clone(), parts.clone());
         let stream = (0..s.count).map(move |number| {
             let (offset, data) = reader.next_record()?;
@@ -253,7 +264,7 @@ fn example_record(
     Ok(record)
 }
 
-fn decompress(file: File, c: Compression) -> Box<dyn BufRead + Send> {
+fn decompress(file: BlobReader, c: Compression) -> Box<dyn BufRead + Send> {
     let file = BufReader::with_capacity(1 << 16, file);
     match c {
         Compression::Gzip => Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file))),

@@ -1,0 +1,362 @@
+//! Where a source's bytes live: local files, or objects in S3, GCS, Azure,
+//! on HTTP servers or behind `file://` URLs (feature `remote`, on by
+//! default), read through the `object_store` crate.
+//!
+//! A source is opened from a path or a URL alike (`open_path("s3://bucket/train/")`,
+//! `WebDataset::open(["https://host/shards/train-0000.tar"])`): a path
+//! whose text starts with `scheme://` is a URL. Shards are read with ranged
+//! requests where the format gives offsets (safetensors headers, a
+//! TFRecord index, the tar headers a shard's index pass found), a sample
+//! file with one GET. The index pass over a shard without an index reads
+//! it front to back in 8 MiB requests.
+//!
+//! Credentials and endpoints come from the environment as the cloud tools
+//! read them (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+//! `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
+//! ...) or from [`configure`]. Requests are retried by the store three
+//! times within 20 s (a request times out after 30 s), then fail with
+//! [`Error::Remote`](crate::Error::Remote) naming the URL; a network or
+//! server failure is transient, so the loader's
+//! [`retry`](crate::LoaderBuilder::retry) policy tries the sample again.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[cfg(feature = "remote")]
+pub(crate) mod remote;
+#[cfg(not(feature = "remote"))]
+#[path = "remote_stub.rs"]
+pub(crate) mod remote;
+
+/// Bytes a sequential reader of a remote object asks for at once.
+const WINDOW: u64 = 8 << 20;
+
+/// Sets object-store options for every URL that starts with `prefix`
+/// (`"s3://my-bucket"`, `"https://host"`), over the environment's: the
+/// keys are `object_store`'s configuration keys (`aws_endpoint`,
+/// `aws_region`, `aws_access_key_id`, `aws_allow_http`,
+/// `google_service_account`, `azure_storage_account_name`, `timeout`,
+/// ...). Applies to stores made after the call. An unknown key fails the
+/// first open of such a URL, naming it.
+///
+/// ```
+/// candle_wick::storage::configure(
+///     "s3://datasets",
+///     [("aws_endpoint", "http://127.0.0.1:9000"), ("aws_allow_http", "true")],
+/// );
+/// ```
+pub fn configure<K: Into<String>, V: Into<String>>(
+    prefix: &str,
+    options: impl IntoIterator<Item = (K, V)>,
+) {
+    let opts = options
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    remote::configure(prefix, opts);
+}
+
+/// Whether `path` is a URL (`s3://..`, `https://..`, `file://..`) rather
+/// than a local path.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| {
+        s.split_once("://").is_some_and(|(scheme, _)| {
+            scheme.len() > 1
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '+')
+        })
+    })
+}
+
+/// The text of a URL path (checked by [`is_url`]).
+pub(crate) fn url_of(path: &Path) -> &str {
+    path.to_str().unwrap_or_default()
+}
+
+/// A shard or sample file, open for positioned reads.
+#[derive(Debug, Clone)]
+pub(crate) enum Blob {
+    /// A local file.
+    Local(Arc<File>),
+    /// An object in a store.
+    Remote(remote::Object),
+}
+
+impl Blob {
+    /// Opens `path` (a local path or a URL) and returns it with its size.
+    pub(crate) fn open(path: &Path) -> Result<(Self, u64)> {
+        if is_url(path) {
+            let o = remote::Object::open(url_of(path))?;
+            let len = o.len();
+            return Ok((Blob::Remote(o), len));
+        }
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        Ok((Blob::Local(Arc::new(file)), len))
+    }
+
+    /// Fills `buf` from `offset` (`path` names the blob in errors) without
+    /// a shared cursor, so workers read one shard concurrently.
+    pub(crate) fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self {
+            Blob::Local(file) => crate::source::read_exact_at(file, path, offset, buf),
+            Blob::Remote(o) => {
+                let end = offset + buf.len() as u64;
+                if end > o.len() {
+                    return Err(crate::source::shard_error(
+                        path,
+                        offset,
+                        format!("object ends inside a {}-byte record", buf.len()),
+                    ));
+                }
+                buf.copy_from_slice(&o.get_range(offset..end)?);
+                Ok(())
+            }
+        }
+    }
+
+    /// A sequential reader from the start (`Read + Seek`), for index
+    /// passes and streams: a remote object is read in 8 MiB requests.
+    pub(crate) fn reader(&self, path: &Path, len: u64) -> BlobReader {
+        BlobReader {
+            blob: self.clone(),
+            path: path.to_path_buf(),
+            len,
+            pos: 0,
+            window: (0, Vec::new()),
+        }
+    }
+}
+
+/// Reads a blob front to back (seeking allowed), in windows for a remote one.
+#[derive(Debug)]
+pub(crate) struct BlobReader {
+    blob: Blob,
+    path: PathBuf,
+    len: u64,
+    pos: u64,
+    /// `(start, bytes)` of the last window read (remote only).
+    window: (u64, Vec<u8>),
+}
+
+impl BlobReader {
+    /// Fills `buf` from `offset`, through the window for a remote blob.
+    pub(crate) fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let Blob::Remote(_) = &self.blob else {
+            return self.blob.read_exact_at(&self.path, offset, buf);
+        };
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let n = self.fill(at)?;
+            if n == 0 {
+                return Err(crate::source::shard_error(
+                    &self.path,
+                    offset,
+                    format!("object ends inside a {}-byte record", buf.len()),
+                ));
+            }
+            let (start, win) = &self.window;
+            let from = (at - start) as usize;
+            let take = (win.len() - from).min(buf.len() - done);
+            buf[done..done + take].copy_from_slice(&win[from..from + take]);
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// Makes the window hold `at` (remote); the bytes available from it.
+    fn fill(&mut self, at: u64) -> Result<usize> {
+        let (start, win) = &self.window;
+        if at >= *start && at < start + win.len() as u64 {
+            return Ok((start + win.len() as u64 - at) as usize);
+        }
+        if at >= self.len {
+            return Ok(0);
+        }
+        let Blob::Remote(o) = &self.blob else {
+            return Ok(0);
+        };
+        let end = (at + WINDOW).min(self.len);
+        self.window = (at, o.get_range(at..end)?.to_vec());
+        Ok((end - at) as usize)
+    }
+}
+
+impl Read for BlobReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.len || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = match &self.blob {
+            Blob::Local(file) => {
+                #[cfg(unix)]
+                let n = std::os::unix::fs::FileExt::read_at(&**file, buf, self.pos)?;
+                #[cfg(windows)]
+                let n = std::os::windows::fs::FileExt::seek_read(&**file, buf, self.pos)?;
+                n
+            }
+            Blob::Remote(_) => {
+                let avail = self.fill(self.pos).map_err(std::io::Error::other)?;
+                let n = avail.min(buf.len());
+                let from = (self.pos - self.window.0) as usize;
+                buf[..n].copy_from_slice(&self.window.1[from..from + n]);
+                n
+            }
+        };
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for BlobReader {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.len.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start")
+        })?;
+        Ok(self.pos)
+    }
+}
+
+/// Reads a whole sample file or object into `bytes` (its capacity reused),
+/// at most `max` bytes; the error names it.
+pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>> {
+    if !is_url(path) {
+        return crate::source::read_file_into(path, bytes);
+    }
+    let (blob, len) = Blob::open(path)?;
+    if len > max {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("sample object is {len} bytes, over the {max}-byte limit"),
+            source: None,
+        });
+    }
+    let mut bytes = bytes;
+    bytes.clear();
+    bytes.resize(len as usize, 0);
+    blob.read_exact_at(path, 0, &mut bytes)?;
+    if bytes.is_empty() {
+        return Err(Error::EmptyFile {
+            key: path.display().to_string(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Every object under the URL prefix `url`, as URLs, sorted.
+pub(crate) fn list_all(url: &str) -> Result<Vec<String>> {
+    remote::list(url)
+}
+
+/// The objects a URL names: itself when its name ends with one of
+/// `suffixes`; a brace pattern's expansion (`train-{0000..0099}.tar`, as
+/// WebDataset writes shard lists); else every object under it (a prefix)
+/// whose name ends with one of them, sorted. An error when none does.
+pub(crate) fn list_urls(url: &str, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
+    let ends = |u: &str| suffixes.iter().any(|s| u.ends_with(s));
+    let urls: Vec<String> = if let Some(expanded) = expand_braces(url)? {
+        expanded
+    } else if ends(url) {
+        vec![url.to_string()]
+    } else {
+        let prefix = url.trim_end_matches('/');
+        remote::list(prefix)?
+            .into_iter()
+            .filter(|u| ends(u))
+            .collect()
+    };
+    if urls.is_empty() {
+        return Err(Error::InvalidConfig(format!(
+            "no object under {url:?} ends with {}",
+            suffixes.join(" or ")
+        )));
+    }
+    Ok(urls.into_iter().map(PathBuf::from).collect())
+}
+
+/// `a{000..002}b` as `a000b a001b a002b` (zero padding kept); `None`
+/// without a brace range; an error for a malformed one.
+pub(crate) fn expand_braces(s: &str) -> Result<Option<Vec<String>>> {
+    let Some(open) = s.find('{') else {
+        return Ok(None);
+    };
+    let bad = || Error::InvalidConfig(format!("{s:?}: a brace range is {{first..last}}, digits"));
+    let close = s[open..].find('}').ok_or_else(bad)? + open;
+    let (a, b) = s[open + 1..close].split_once("..").ok_or_else(bad)?;
+    let (first, last): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+    if last < first || last - first > 1_000_000 {
+        return Err(bad());
+    }
+    let width = a.len();
+    let mut out = Vec::new();
+    for n in first..=last {
+        let one = format!("{}{n:0width$}{}", &s[..open], &s[close + 1..]);
+        match expand_braces(&one)? {
+            Some(more) => out.extend(more),
+            None => out.push(one),
+        }
+    }
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_brace_ranges() {
+        assert!(is_url(Path::new("s3://b/k")) && is_url(Path::new("file:///tmp/x")));
+        assert!(!is_url(Path::new("/data/train")) && !is_url(Path::new("C:\\data")));
+        assert_eq!(
+            expand_braces("s3://b/t-{08..10}.tar").unwrap().unwrap(),
+            ["s3://b/t-08.tar", "s3://b/t-09.tar", "s3://b/t-10.tar"]
+        );
+        assert_eq!(expand_braces("s3://b/t.tar").unwrap(), None);
+        assert!(expand_braces("t-{3..1}.tar").is_err());
+        assert!(expand_braces("t-{a..b}.tar").is_err());
+    }
+
+    #[test]
+    fn a_remote_blob_reads_like_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.bin");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let url = PathBuf::from(format!("file://{}", path.display()));
+        if cfg!(not(feature = "remote")) {
+            assert!(Blob::open(&url).is_err());
+            return;
+        }
+        let (blob, len) = Blob::open(&url).unwrap();
+        assert_eq!(len, data.len() as u64);
+        let mut buf = vec![0; 1000];
+        blob.read_exact_at(&url, 500, &mut buf).unwrap();
+        assert_eq!(buf, data[500..1500]);
+        let mut r = blob.reader(&url, len);
+        r.seek(SeekFrom::Start(99_000)).unwrap();
+        let mut tail = Vec::new();
+        r.read_to_end(&mut tail).unwrap();
+        assert_eq!(tail, data[99_000..]);
+        let err = blob.read_exact_at(&url, 99_990, &mut buf).unwrap_err();
+        assert!(err.to_string().contains("ends inside"), "{err}");
+        let missing = PathBuf::from(format!("file://{}/nope", dir.path().display()));
+        let err = crate::error_chain(&Blob::open(&missing).unwrap_err());
+        assert!(err.contains("nope") && err.contains("not found"), "{err}");
+        let listed = list_urls(&format!("file://{}", dir.path().display()), &[".bin"]).unwrap();
+        assert_eq!(listed, [url]);
+    }
+}

@@ -1,0 +1,284 @@
+//! Objects in S3, GCS, Azure, HTTP servers and local files, through the
+//! `object_store` crate, read from the loader's blocking worker threads.
+//!
+//! The async side stays here: one small tokio runtime on its own threads
+//! (`wick-io`), made on first use, runs every request; callers block on
+//! its result. One client per store (scheme and bucket or host) is kept
+//! for the process, so its connections are reused. Credentials, regions
+//! and endpoints come from the usual environment variables (`AWS_*` with
+//! `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP`, `GOOGLE_*`, `AZURE_*`, read by
+//! the store builders' `from_env`), then from options given with
+//! [`configure`](super::configure).
+
+use crate::error::{Error, Result};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// Threads of the I/O runtime: requests wait on the network, not the CPU.
+const IO_THREADS: usize = 2;
+
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RT: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        // reqwest's rustls is built without a crypto provider (no C build
+        // of aws-lc): install ring's, unless the program installed one
+        // (a program that wants rustls's post-quantum key exchange
+        // installs aws-lc-rs's provider before the first remote read).
+        #[allow(deprecated)] // ring's provider lacks post-quantum key exchange only
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(IO_THREADS)
+            .thread_name("wick-io")
+            .enable_time()
+            .enable_io()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::InvalidConfig(format!("cannot start the object-store I/O runtime: {e}")))
+}
+
+/// Runs `f` on the I/O runtime and waits for it.
+pub(crate) fn block_on<T: Send + 'static>(
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T> {
+    let rt = runtime()?;
+    // From inside a runtime (a user's async code calling the loader),
+    // `block_on` would panic: run the future on the I/O threads instead.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    rt.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    rx.recv()
+        .map_err(|_| Error::InvalidConfig("the object-store I/O runtime stopped".into()))
+}
+
+/// Options for the URLs under a prefix: `(prefix, [(key, value)])`.
+type Prefixed = Vec<(String, Vec<(String, String)>)>;
+
+/// Options given with [`configure`](super::configure), by URL prefix.
+fn options() -> &'static Mutex<Prefixed> {
+    static OPTS: OnceLock<Mutex<Prefixed>> = OnceLock::new();
+    OPTS.get_or_init(Default::default)
+}
+
+pub(crate) fn configure(prefix: &str, opts: Vec<(String, String)>) {
+    let mut all = crate::lock(options());
+    all.retain(|(p, _)| p != prefix);
+    all.push((prefix.to_string(), opts));
+    // A store made before keeps its settings: forget it.
+    crate::lock(stores()).retain(|root, _| !root.starts_with(prefix) && !prefix.starts_with(root));
+}
+
+fn stores() -> &'static Mutex<HashMap<String, Arc<dyn ObjectStore>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// `scheme://authority` and the object path of `url`.
+fn split(url: &str) -> Result<(String, &str, &str)> {
+    let bad = |why: &str| Error::InvalidConfig(format!("{url:?} is not a storage URL: {why}"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if scheme != "file" && authority.is_empty() {
+        return Err(bad("no bucket or host"));
+    }
+    Ok((format!("{scheme}://{authority}"), scheme, path))
+}
+
+/// The store that holds `url`, and the object's path in it.
+pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
+    let (root, scheme, path) = split(url)?;
+    let object = if scheme == "file" {
+        ObjectPath::from_absolute_path(format!("/{path}"))
+    } else {
+        ObjectPath::from_url_path(path)
+    }
+    .map_err(|e| remote_error(url, "bad object path", object_store::Error::from(e)))?;
+    if let Some(s) = crate::lock(stores()).get(&root) {
+        return Ok((s.clone(), object));
+    }
+    let opts: Vec<(String, String)> = crate::lock(options())
+        .iter()
+        .filter(|(p, _)| url.starts_with(p.as_str()))
+        .flat_map(|(_, o)| o.clone())
+        .collect();
+    // Bounded: a paused server surfaces as an error the loader's own
+    // `retry(n)` policy sees (transient), not a minutes-long hang.
+    let retry = RetryConfig {
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let client = ClientOptions::new()
+        .with_timeout(Duration::from_secs(30))
+        .with_connect_timeout(Duration::from_secs(5));
+    let made: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
+        "s3" | "s3a" => {
+            let mut b = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(root.clone())
+                .with_retry(retry)
+                .with_client_options(client);
+            for (k, v) in &opts {
+                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "gs" => {
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(root.clone())
+                .with_retry(retry)
+                .with_client_options(client);
+            for (k, v) in &opts {
+                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "az" | "azure" | "abfs" | "abfss" => {
+            let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(root.clone())
+                .with_retry(retry)
+                .with_client_options(client);
+            for (k, v) in &opts {
+                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "http" | "https" => {
+            let mut b = object_store::http::HttpBuilder::new()
+                .with_url(root.clone())
+                .with_retry(retry)
+                .with_client_options(client.with_allow_http(scheme == "http"));
+            for (k, v) in &opts {
+                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "file" => Ok(Arc::new(object_store::local::LocalFileSystem::new()) as _),
+        other => {
+            return Err(Error::InvalidConfig(format!(
+                "{url:?}: no store for {other}:// (s3, gs, az, http, https and file are read)"
+            )))
+        }
+    };
+    let made = made.map_err(|e| remote_error(url, "cannot set up the object store", e))?;
+    crate::lock(stores()).insert(root, made.clone());
+    Ok((made, object))
+}
+
+/// The error for a failed request on `url`: transient unless the store
+/// says the object is missing, access is denied or the request is bad.
+pub(crate) fn remote_error(url: &str, what: &str, e: object_store::Error) -> Error {
+    use object_store::Error as E;
+    let (reason, transient) = match &e {
+        E::NotFound { .. } => ("not found (no such object or bucket)".to_string(), false),
+        E::PermissionDenied { .. } => ("permission denied".to_string(), false),
+        E::Unauthenticated { .. } => (
+            "not authenticated (check the credentials in the environment)".to_string(),
+            false,
+        ),
+        E::InvalidPath { .. } | E::NotSupported { .. } | E::UnknownConfigurationKey { .. } => {
+            (what.to_string(), false)
+        }
+        _ => (what.to_string(), true),
+    };
+    Error::Remote {
+        url: url.to_string(),
+        reason,
+        transient,
+        source: Box::new(e),
+    }
+}
+
+fn option_error(url: &str, key: &str, e: object_store::Error) -> Error {
+    remote_error(url, &format!("unknown object-store option {key:?}"), e)
+}
+
+/// One object: its store, path and size.
+#[derive(Debug, Clone)]
+pub(crate) struct Object {
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    url: Arc<str>,
+    len: u64,
+}
+
+impl Object {
+    /// Opens `url` (a HEAD request for its size).
+    pub(crate) fn open(url: &str) -> Result<Self> {
+        let (store, path) = store(url)?;
+        let (s, p) = (store.clone(), path.clone());
+        let meta = block_on(async move { s.head(&p).await })?
+            .map_err(|e| remote_error(url, "cannot read the object's size", e))?;
+        Ok(Self {
+            store,
+            path,
+            url: url.into(),
+            len: meta.size,
+        })
+    }
+
+    /// The object's size in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Bytes `range` of the object (one ranged GET).
+    pub(crate) fn get_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
+        let (s, p) = (self.store.clone(), self.path.clone());
+        let r = range.clone();
+        let got = block_on(async move { s.get_range(&p, r).await })?.map_err(|e| {
+            remote_error(
+                &self.url,
+                &format!("cannot read bytes {}..{}", range.start, range.end),
+                e,
+            )
+        })?;
+        if got.len() as u64 != range.end - range.start {
+            return Err(Error::Remote {
+                url: self.url.to_string(),
+                reason: format!(
+                    "asked for bytes {}..{}, got {} bytes (the object changed?)",
+                    range.start,
+                    range.end,
+                    got.len()
+                ),
+                transient: false,
+                source: "short read".into(),
+            });
+        }
+        Ok(got)
+    }
+}
+
+/// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
+/// sorted. HTTP servers list nothing (object_store reads WebDAV listings
+/// only): an error that says to name the objects.
+pub(crate) fn list(url: &str) -> Result<Vec<String>> {
+    let (root, scheme, _) = split(url)?;
+    if scheme == "http" || scheme == "https" {
+        return Err(Error::InvalidConfig(format!(
+            "{url:?}: an HTTP server cannot be listed: name the objects (a file list of URLs, or \
+             a shard pattern such as train-{{0000..0099}}.tar)"
+        )));
+    }
+    let (store, prefix) = store(url)?;
+    let p = prefix.clone();
+    let metas: Vec<object_store::ObjectMeta> =
+        block_on(async move { store.list(Some(&p)).try_collect().await })?
+            .map_err(|e| remote_error(url, "cannot list the objects", e))?;
+    let mut urls: Vec<String> = metas
+        .into_iter()
+        .map(|m| match scheme {
+            "file" => format!("file:///{}", m.location),
+            _ => format!("{root}/{}", m.location),
+        })
+        .collect();
+    urls.sort();
+    Ok(urls)
+}

@@ -1,0 +1,37 @@
+//! Object storage in a build without the `remote` feature: the same names,
+//! each an error that says how to get it.
+
+use crate::error::{Error, Result};
+
+fn missing(url: &str) -> Error {
+    Error::InvalidConfig(format!(
+        "{url:?} is a URL, and this build of wick reads local files only: enable the `remote` \
+         feature (on by default) to read object storage"
+    ))
+}
+
+pub(crate) fn configure(_prefix: &str, _opts: Vec<(String, String)>) {}
+
+/// An object (never made in this build).
+#[derive(Debug, Clone)]
+pub(crate) struct Object {
+    never: std::convert::Infallible,
+}
+
+impl Object {
+    pub(crate) fn open(url: &str) -> Result<Self> {
+        Err(missing(url))
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub(crate) fn get_range(&self, _range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        match self.never {}
+    }
+}
+
+pub(crate) fn list(url: &str) -> Result<Vec<String>> {
+    Err(missing(url))
+}
