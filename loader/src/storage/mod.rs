@@ -269,7 +269,7 @@ pub(crate) fn list_all(url: &str) -> Result<Vec<String>> {
 pub(crate) fn list_urls(url: &str, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
     let ends = |u: &str| suffixes.iter().any(|s| u.ends_with(s));
     let urls: Vec<String> = if let Some(expanded) = expand_braces(url)? {
-        expanded
+        expanded.into_iter().filter(|u| ends(u)).collect()
     } else if ends(url) {
         vec![url.to_string()]
     } else {

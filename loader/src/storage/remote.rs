@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectStore, ObjectStoreExt, RetryConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -25,12 +25,6 @@ const IO_THREADS: usize = 2;
 fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     static RT: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RT.get_or_init(|| {
-        // reqwest's rustls is built without a crypto provider (no C build
-        // of aws-lc): install ring's, unless the program installed one
-        // (a program that wants rustls's post-quantum key exchange
-        // installs aws-lc-rs's provider before the first remote read).
-        #[allow(deprecated)] // ring's provider lacks post-quantum key exchange only
-        let _ = rustls::crypto::ring::default_provider().install_default();
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(IO_THREADS)
             .thread_name("wick-io")
@@ -41,6 +35,18 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     })
     .as_ref()
     .map_err(|e| Error::InvalidConfig(format!("cannot start the object-store I/O runtime: {e}")))
+}
+
+/// reqwest's rustls is built without a crypto provider (no C build of
+/// aws-lc): installs ring's before the first client is made, unless the
+/// program installed one (a program that wants rustls's post-quantum key
+/// exchange installs aws-lc-rs's provider before the first remote read).
+fn crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[allow(deprecated)] // ring's provider lacks post-quantum key exchange only
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 /// Runs `f` on the I/O runtime and waits for it.
@@ -94,6 +100,7 @@ fn split(url: &str) -> Result<(String, &str, &str)> {
 /// The store that holds `url`, and the object's path in it.
 pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     let (root, scheme, path) = split(url)?;
+    crypto();
     let object = if scheme == "file" {
         ObjectPath::from_absolute_path(format!("/{path}"))
     } else {
@@ -115,50 +122,36 @@ pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
         retry_timeout: Duration::from_secs(20),
         ..Default::default()
     };
-    let client = ClientOptions::new()
-        .with_timeout(Duration::from_secs(30))
-        .with_connect_timeout(Duration::from_secs(5));
+    // Bounded requests, set as options so the environment's other client
+    // settings (`AWS_ALLOW_HTTP`, proxies) stay; given options come after.
+    let mut opts = opts;
+    let mut defaults = vec![("timeout", "30s"), ("connect_timeout", "5s")];
+    if scheme == "http" {
+        defaults.push(("allow_http", "true"));
+    }
+    opts.splice(
+        0..0,
+        defaults
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    // The cloud builders share these methods but no trait: one macro.
+    macro_rules! build {
+        ($builder:expr) => {{
+            let mut b = $builder.with_url(root.clone()).with_retry(retry);
+            for (k, v) in &opts {
+                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }};
+    }
     let made: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
-        "s3" | "s3a" => {
-            let mut b = object_store::aws::AmazonS3Builder::from_env()
-                .with_url(root.clone())
-                .with_retry(retry)
-                .with_client_options(client);
-            for (k, v) in &opts {
-                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
-        "gs" => {
-            let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                .with_url(root.clone())
-                .with_retry(retry)
-                .with_client_options(client);
-            for (k, v) in &opts {
-                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
+        "s3" | "s3a" => build!(object_store::aws::AmazonS3Builder::from_env()),
+        "gs" => build!(object_store::gcp::GoogleCloudStorageBuilder::from_env()),
         "az" | "azure" | "abfs" | "abfss" => {
-            let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_url(root.clone())
-                .with_retry(retry)
-                .with_client_options(client);
-            for (k, v) in &opts {
-                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
+            build!(object_store::azure::MicrosoftAzureBuilder::from_env())
         }
-        "http" | "https" => {
-            let mut b = object_store::http::HttpBuilder::new()
-                .with_url(root.clone())
-                .with_retry(retry)
-                .with_client_options(client.with_allow_http(scheme == "http"));
-            for (k, v) in &opts {
-                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
+        "http" | "https" => build!(object_store::http::HttpBuilder::new()),
         "file" => Ok(Arc::new(object_store::local::LocalFileSystem::new()) as _),
         other => {
             return Err(Error::InvalidConfig(format!(

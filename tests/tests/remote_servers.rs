@@ -1,0 +1,401 @@
+//! Object storage against real servers on 127.0.0.1, started here:
+//! `moto_server` (PyPI `moto[server]`, an S3 API) and nginx (HTTP with
+//! range requests). Every format read over the S3 API and over HTTP gives
+//! the local batches; a killed server is retried and then named, and one
+//! restarted in time lets the epoch finish with nothing lost; a paused S3
+//! server resumed in time too; 4 rank processes read an S3 dataset with
+//! credentials and endpoint from the environment.
+//!
+//! `.ci/run` installs both servers and sets `WICK_REQUIRE_SERVERS=1`, so a
+//! missing one fails there; elsewhere a test without its server says so
+//! on stderr and passes.
+
+use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+use candle_wick::{open_path, Loader, Output};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tests::{image_folder, labels, pixels};
+
+type Batches = Vec<(Vec<usize>, Vec<u32>, Vec<u8>)>;
+
+/// A server process, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "server on {port} not up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether `program` runs; panics when it does not and CI requires it.
+fn have(program: &str) -> bool {
+    let ok = Command::new(program)
+        .arg(if program == "nginx" { "-v" } else { "--help" })
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("WICK_REQUIRE_SERVERS").is_none(),
+            "{program} is not installed (.ci/run installs it)"
+        );
+        eprintln!("skipped: {program} is not installed");
+    }
+    ok
+}
+
+fn moto(port: u16) -> Server {
+    let child = Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start moto_server");
+    let s = Server { child, port };
+    wait_port(port);
+    s
+}
+
+/// nginx serving `root` on `port`, its files under `prefix`.
+fn nginx(port: u16, root: &Path, prefix: &Path) -> Server {
+    std::fs::create_dir_all(prefix).unwrap();
+    // As root, nginx's workers would run as `nobody` and not read a
+    // private temporary folder.
+    let is_root = std::env::var("USER").is_ok_and(|u| u == "root")
+        || Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let conf = format!(
+        "{user}master_process off; daemon off; pid {p}/nginx.pid; error_log {p}/error.log;
+         events {{ worker_connections 64; }}
+         http {{ access_log off; client_body_temp_path {p}/body; proxy_temp_path {p}/proxy;
+           fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;
+           server {{ listen 127.0.0.1:{port}; root {root}; }} }}",
+        user = if is_root { "user root; " } else { "" },
+        p = prefix.display(),
+        root = root.display()
+    );
+    let conf_path = prefix.join("nginx.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let child = Command::new("nginx")
+        .args(["-p"])
+        .arg(prefix)
+        .arg("-c")
+        .arg(&conf_path)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let s = Server { child, port };
+    wait_port(port);
+    s
+}
+
+/// Creates `bucket` on the S3 server and uploads every file under `dir`
+/// with its relative path as the key (boto3, which moto installs).
+fn upload(port: u16, bucket: &str, dir: &Path) {
+    let script = r#"
+import boto3, os, sys
+port, bucket, root = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                  aws_access_key_id="test", aws_secret_access_key="test")
+s3.create_bucket(Bucket=bucket)
+for d, _, files in os.walk(root):
+    for f in files:
+        p = os.path.join(d, f)
+        s3.upload_file(p, bucket, os.path.relpath(p, root))
+"#;
+    let status = Command::new("python3")
+        .args(["-c", script, &port.to_string(), bucket])
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "upload to moto failed");
+}
+
+/// The data set: an image folder, a file list over it, and TFRecord,
+/// WebDataset and safetensors shards of it (4 shards each).
+fn dataset(dir: &Path) {
+    let folder = dir.join("folder");
+    image_folder(&folder, 3, 7);
+    let mut rows = String::new();
+    for c in 0..3 {
+        for e in std::fs::read_dir(folder.join(format!("class{c}"))).unwrap() {
+            let name = e.unwrap().file_name();
+            rows.push_str(&format!("folder/class{c}/{},{c}\n", name.to_string_lossy()));
+        }
+    }
+    std::fs::write(dir.join("list.csv"), rows).unwrap();
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    for (name, format) in [
+        ("tfrecord", ShardFormat::TfRecord),
+        ("wds", ShardFormat::WebDataset),
+        ("st", ShardFormat::SafetensorsEncoded),
+    ] {
+        let opts = ConvertOptions {
+            format,
+            shard_size: 6,
+            ..Default::default()
+        };
+        convert(&source, &dir.join(name), &opts, &|_| {}).unwrap();
+    }
+}
+
+/// `(local path, path under an S3 bucket or HTTP root, streaming)` of each
+/// case; HTTP lists nothing, so shards are named by a brace range.
+fn cases(dir: &Path, http: bool) -> Vec<(PathBuf, String, bool)> {
+    let mut out = vec![
+        (dir.join("list.csv"), "list.csv".to_string(), false),
+        (
+            dir.join("tfrecord"),
+            "tfrecord/data-{00000..00003}-of-00004.tfrecord".into(),
+            false,
+        ),
+        (
+            dir.join("wds"),
+            "wds/data-{000000..000003}.tar".into(),
+            false,
+        ),
+        (
+            dir.join("st"),
+            "st/data-{00000..00003}.safetensors".into(),
+            false,
+        ),
+        (
+            dir.join("tfrecord"),
+            "tfrecord/data-{00000..00003}-of-00004.tfrecord".into(),
+            true,
+        ),
+        (
+            dir.join("wds"),
+            "wds/data-{000000..000003}.tar".into(),
+            true,
+        ),
+    ];
+    if !http {
+        // S3 lists: a folder and shard prefixes are found by listing.
+        out.push((dir.join("folder"), "folder".into(), false));
+        for (_, remote, _) in &mut out {
+            if remote.contains('{') {
+                *remote = remote.split('/').next().unwrap().to_string();
+            }
+        }
+    }
+    out
+}
+
+fn batches(path: &Path, stream: bool, retries: u32) -> candle_wick::Result<Batches> {
+    let mut b = Loader::builder(open_path(path)?)
+        .batch_size(5)
+        .image_size(16)
+        .output(Output::U8Nhwc)
+        .shuffle(4)
+        .workers(2)
+        .retry(retries);
+    if stream {
+        b = b.interleave(2, 1);
+    }
+    let mut loader = b.build()?;
+    let mut out = Vec::new();
+    for b in loader.epoch(1) {
+        let b = b?;
+        out.push((b.indices.clone(), labels(&b), pixels(&b)));
+    }
+    Ok(out)
+}
+
+#[test]
+fn s3_and_http_give_the_local_batches_for_every_format() {
+    if !have("moto_server") || !have("nginx") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    dataset(&data);
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-same", &data);
+    candle_wick::storage::configure(
+        "s3://wick-same",
+        [
+            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "test".into()),
+            ("aws_secret_access_key", "test".into()),
+            ("aws_region", "us-east-1".into()),
+        ],
+    );
+    let http = nginx(free_port(), &data, &dir.path().join("nginx"));
+    for (root, is_http) in [
+        ("s3://wick-same".to_string(), false),
+        (format!("http://127.0.0.1:{}", http.port), true),
+    ] {
+        for (local, remote, stream) in cases(&data, is_http) {
+            let url = PathBuf::from(format!("{root}/{remote}"));
+            let want = batches(&local, stream, 0).unwrap();
+            let got = batches(&url, stream, 0).unwrap_or_else(|e| {
+                panic!("{url:?}: {}", candle_wick::error_chain(&e));
+            });
+            assert_eq!(got, want, "{url:?} stream {stream}");
+        }
+    }
+}
+
+/// Reads the WebDataset shards over HTTP while the server is killed after
+/// the first batch: restarted within a second, the epoch finishes equal to
+/// the local one; never restarted, the error names the object's URL.
+#[test]
+fn a_killed_http_server_is_retried_and_a_restarted_one_loses_nothing() {
+    if !have("nginx") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let folder = data.join("folder");
+    image_folder(&folder, 4, 15);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        shard_size: 15,
+        ..Default::default()
+    };
+    convert(&source, &data.join("wds"), &opts, &|_| {}).unwrap();
+    let port = free_port();
+    let prefix = dir.path().join("nginx");
+    let local = batches(&data.join("wds"), false, 0).unwrap();
+    let url = PathBuf::from(format!(
+        "http://127.0.0.1:{port}/wds/data-{{000000..000003}}.tar"
+    ));
+    for restart in [true, false] {
+        let mut server = Some(nginx(port, &data, &prefix));
+        let mut loader = Loader::builder(open_path(&url).unwrap())
+            .batch_size(5)
+            .image_size(16)
+            .output(Output::U8Nhwc)
+            .shuffle(4)
+            .workers(1)
+            .prefetch(1)
+            .batches_in_flight(1)
+            .retry(if restart { 30 } else { 2 })
+            .build()
+            .unwrap();
+        let mut got = Vec::new();
+        let mut failed = None;
+        for (i, b) in loader.epoch(1).enumerate() {
+            match b {
+                Ok(b) => got.push((b.indices.clone(), labels(&b), pixels(&b))),
+                Err(e) => {
+                    failed = Some(candle_wick::error_chain(&e));
+                    break;
+                }
+            }
+            if i == 0 {
+                drop(server.take());
+                if restart {
+                    std::thread::sleep(Duration::from_millis(800));
+                    server = Some(nginx(port, &data, &prefix));
+                }
+            }
+        }
+        if restart {
+            assert_eq!(failed, None);
+            assert_eq!(got, local, "restarted: nothing lost");
+        } else {
+            let msg = failed.expect("a dead server fails the epoch");
+            assert!(
+                msg.contains(&format!("127.0.0.1:{port}/wds/data-"))
+                    && msg.contains("after 3 tries"),
+                "{msg}"
+            );
+        }
+        drop(server);
+    }
+}
+
+/// 4 rank processes (torchrun variables) read WebDataset shards from S3,
+/// endpoint and credentials from the `AWS_*` variables: disjoint, complete
+/// and equal shares.
+#[test]
+fn four_rank_processes_read_s3_with_credentials_from_the_environment() {
+    if !have("moto_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let folder = data.join("folder");
+    image_folder(&folder, 3, 15);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        shard_size: 7,
+        ..Default::default()
+    };
+    convert(&source, &data.join("wds"), &opts, &|_| {}).unwrap();
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-ranks", &data);
+    let children: Vec<_> = (0..4)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_rank"))
+                .args(["s3://wick-ranks/wds/", "shuffle=2", "epoch=0"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "4")
+                .env("LOCAL_RANK", rank.to_string())
+                .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", s3.port))
+                .env("AWS_ALLOW_HTTP", "true")
+                .env("AWS_ACCESS_KEY_ID", "test")
+                .env("AWS_SECRET_ACCESS_KEY", "test")
+                .env("AWS_REGION", "us-east-1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut seen = std::collections::BTreeMap::<u64, usize>::new();
+    let mut counts = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let batches: Vec<Vec<u64>> = serde_json::from_value(line["batches"].clone()).unwrap();
+        counts.push(batches.len());
+        for i in batches.into_iter().flatten() {
+            *seen.entry(i).or_default() += 1;
+        }
+    }
+    assert!(counts.windows(2).all(|w| w[0] == w[1]), "{counts:?}");
+    assert_eq!(seen.len(), 45);
+    assert!(seen.values().all(|&c| c == 1));
+}
