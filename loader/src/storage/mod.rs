@@ -237,18 +237,20 @@ pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8
     if !is_url(path) {
         return crate::source::read_file_into(path, bytes);
     }
-    let (blob, len) = Blob::open(path)?;
-    if len > max {
-        return Err(Error::Dataset {
-            path: path.to_path_buf(),
-            reason: format!("sample object is {len} bytes, over the {max}-byte limit"),
-            source: None,
-        });
-    }
+    // One GET (no HEAD first): a sample file is one request.
+    let got = match remote::get_whole(url_of(path), max)? {
+        Ok(got) => got,
+        Err(len) => {
+            return Err(Error::Dataset {
+                path: path.to_path_buf(),
+                reason: format!("sample object is {len} bytes, over the {max}-byte limit"),
+                source: None,
+            })
+        }
+    };
     let mut bytes = bytes;
     bytes.clear();
-    bytes.resize(len as usize, 0);
-    blob.read_exact_at(path, 0, &mut bytes)?;
+    bytes.extend_from_slice(&got);
     if bytes.is_empty() {
         return Err(Error::EmptyFile {
             key: path.display().to_string(),

@@ -249,6 +249,20 @@ impl Object {
     }
 }
 
+/// The whole object `url` in one GET, refused before its body is read
+/// when the response says it is over `max` bytes: `Err(size)` then.
+pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes, u64>> {
+    let (store, path) = store(url)?;
+    block_on(async move {
+        let got = store.get(&path).await?;
+        if got.meta.size > max {
+            return Ok(Err(got.meta.size));
+        }
+        got.bytes().await.map(Ok)
+    })?
+    .map_err(|e| remote_error(url, "cannot read the object", e))
+}
+
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
 /// sorted. HTTP servers list nothing (object_store reads WebDAV listings
 /// only): an error that says to name the objects.

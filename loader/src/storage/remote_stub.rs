@@ -32,6 +32,10 @@ impl Object {
     }
 }
 
+pub(crate) fn get_whole(url: &str, _max: u64) -> Result<std::result::Result<Vec<u8>, u64>> {
+    Err(missing(url))
+}
+
 pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     Err(missing(url))
 }
