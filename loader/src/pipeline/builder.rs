@@ -3,6 +3,7 @@
 
 use super::fill::BadSamples;
 use super::loader::{Loader, Order};
+use super::readahead::ReadAhead;
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::device::{Finish, Guards};
@@ -596,6 +597,12 @@ impl LoaderBuilder {
             let most = |n: usize| n.max(crate::tune::MAX_QUEUE);
             crate::device::keep_batch_memory(&schema, most(in_flight) + most(prefetch));
         }
+        let parts = Arc::new(map.parts());
+        // A remote source's records are read ahead of the workers.
+        let readahead = self.source.is_remote().then(|| {
+            let source = self.source.clone();
+            ReadAhead::new(source, parts.clone(), self.retries, self.batch_size)
+        });
         let shared = Arc::new(Shared {
             pool: Pool::new(in_flight, alloc, keep)?,
             tuner: Tuner::new(auto),
@@ -608,7 +615,7 @@ impl LoaderBuilder {
             uploader,
             room: Room::default(),
             source: self.source,
-            parts: Arc::new(map.parts()),
+            parts,
             map,
             schema,
             seed,
@@ -624,6 +631,7 @@ impl LoaderBuilder {
                 .as_deref()
                 .map(super::quarantine::Quarantine::open)
                 .transpose()?,
+            readahead,
             direct: Default::default(),
             #[cfg(test)]
             force_direct: Default::default(),

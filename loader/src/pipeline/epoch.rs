@@ -199,9 +199,11 @@ impl Iterator for Epoch<'_> {
                 if let Some(trace) = &shared.trace {
                     trace.record("wait for batch", LANE_CONSUMER, t, Instant::now());
                 }
-                // The cache and the timeline count in the RAM budget.
+                // The cache, the timeline, the records read ahead and the
+                // remote-object cache count in the RAM budget.
                 let cache = shared.cache.as_ref().map_or(0, Cache::memory)
-                    + shared.trace.as_ref().map_or(0, |t| t.memory());
+                    + shared.trace.as_ref().map_or(0, |t| t.memory())
+                    + shared.readahead.as_ref().map_or(0, |r| r.memory());
                 // On the direct hand-over a worker runs a whole batch on a
                 // buffer of its own: workers past the batches in flight idle.
                 // Asked only when a window closes.

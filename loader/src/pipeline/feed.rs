@@ -67,6 +67,12 @@ pub(super) fn feed(
             return;
         }
         let plan = Arc::new(plan);
+        if let (Some(ra), None) = (&shared.readahead, &stream) {
+            // The rank's samples from `start`, in the order workers take them.
+            let rest = plan.batches.get(start..).unwrap_or_default();
+            let order = rest.iter().flat_map(|r| plan.order[r.clone()].iter().copied());
+            ra.begin(gen, order.collect());
+        }
         let mut dispatched = 0;
         // The direct hand-over ([`super::direct`]) needs batches read at
         // random (not a stream read here in order) and a device whose

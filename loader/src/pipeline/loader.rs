@@ -410,6 +410,7 @@ impl Loader {
         }
         let mut stats = self.shared.counters.snapshot();
         stats.pinned_buffers = self.shared.pool.kept();
+        stats.read_ahead = self.shared.readahead.as_ref().map_or(0, |r| r.depth());
         stats.step_slowdown = self
             .shared
             .tuner

@@ -57,6 +57,7 @@ mod feed;
 mod fill;
 mod loader;
 mod quarantine;
+mod readahead;
 mod reorder;
 mod upload;
 mod worker;
@@ -118,6 +119,8 @@ struct Shared {
     retries: u32,
     /// Where bad samples are listed (`bad_samples_log`).
     quarantine: Option<quarantine::Quarantine>,
+    /// Reads a remote source's records ahead of the workers ([`readahead`]).
+    readahead: Option<Arc<readahead::ReadAhead>>,
     /// The inbox of the running direct epoch, if any ([`direct`]).
     direct: Mutex<Option<Arc<direct::Inbox>>>,
     /// Tests choose the path: direct always, never, or by cost (`None`).

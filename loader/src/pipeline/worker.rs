@@ -158,19 +158,31 @@ pub(super) fn process(
             hit => hit,
         };
         let hit = cached.is_some();
+        let readahead = shared.readahead.as_ref();
         let (record, read, read_end) = match (cached, pre) {
             (Some(r), _) => {
                 shared.counters.cache_hit();
+                if let Some(ra) = readahead {
+                    ra.discard(index);
+                }
                 let now = now();
                 (r, now - start, now)
             }
             (None, Some((record, read))) => (record, read, start),
             (None, None) => {
-                let bytes = scratch.take_read_buffer();
                 let on_retry = || shared.counters.read_retried();
-                let read = (index, &*shared.parts, bytes);
-                let record =
-                    read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry);
+                // Read ahead (its time is the wait for it), or read here.
+                let ahead = readahead.and_then(|ra| ra.take(index, cancel));
+                let record = match ahead {
+                    Some((record, retried)) => {
+                        (0..retried).for_each(|_| on_retry());
+                        record
+                    }
+                    None => {
+                        let read = (index, &*shared.parts, scratch.take_read_buffer());
+                        read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry)
+                    }
+                };
                 let now = now();
                 (record, now - start, now)
             }

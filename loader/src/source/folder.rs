@@ -196,6 +196,10 @@ impl ImageFolder {
 }
 
 impl Source for ImageFolder {
+    fn is_remote(&self) -> bool {
+        crate::storage::is_url(&self.root)
+    }
+
     fn len(&self) -> usize {
         self.samples.len()
     }

@@ -239,6 +239,10 @@ impl FileList {
 }
 
 impl Source for FileList {
+    fn is_remote(&self) -> bool {
+        crate::storage::is_url(&self.path) || self.samples.iter().any(|(p, _)| crate::storage::is_url(p))
+    }
+
     fn len(&self) -> usize {
         self.samples.len()
     }

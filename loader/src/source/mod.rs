@@ -262,6 +262,14 @@ pub trait Source: Send + Sync + 'static {
     fn digest(&self) -> u32 {
         0
     }
+
+    /// Whether reading a record waits on the network (objects in S3, GCS,
+    /// Azure or on an HTTP server): the loader then reads the next records
+    /// of the plan ahead of its workers, concurrently, as deep as the
+    /// measured latency needs. `false` (the default) for local data.
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 /// `Source` for smart pointers to a source, forwarding every method.
@@ -294,6 +302,9 @@ macro_rules! forward_source {
             }
             fn digest(&self) -> u32 {
                 (**self).digest()
+            }
+            fn is_remote(&self) -> bool {
+                (**self).is_remote()
             }
         }
     };

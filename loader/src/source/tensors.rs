@@ -280,6 +280,10 @@ fn rows_of(meta: &Metadata, count: usize, data_start: usize) -> Vec<Rows> {
 }
 
 impl Source for SafetensorsShards {
+    fn is_remote(&self) -> bool {
+        self.shards.iter().any(|s| crate::storage::is_url(&s.path))
+    }
+
     fn len(&self) -> usize {
         self.set.len()
     }

@@ -425,6 +425,10 @@ fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, Cause> {
 }
 
 impl Source for WebDataset {
+    fn is_remote(&self) -> bool {
+        self.files.iter().any(|(p, _)| crate::storage::is_url(p))
+    }
+
     fn len(&self) -> usize {
         self.set.len()
     }

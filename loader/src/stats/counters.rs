@@ -455,6 +455,7 @@ impl Counters {
             skipped: crate::lock(&self.skipped_keys).0.clone(),
             skipped_samples: self.skipped_total.load(Relaxed),
             read_retries: self.read_retries.load(Relaxed),
+            read_ahead: 0,
             consumer_step: Duration::from_nanos(
                 ns(wall.saturating_sub(wait + startup))
                     .checked_div(delivered)

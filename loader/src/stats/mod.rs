@@ -101,6 +101,10 @@ pub struct Stats {
     /// Reads tried again after a transient error
     /// ([`LoaderBuilder::retry`](crate::LoaderBuilder::retry)).
     pub read_retries: u64,
+    /// Records a remote source keeps read or being read ahead of the
+    /// workers now, as tuned from the measured read latency (0: local data,
+    /// the streaming mode, or none read yet).
+    pub read_ahead: usize,
     /// The training loop's own time per batch: from taking a batch to
     /// asking for the next, waits excluded (its step, as the loader sees
     /// it).

@@ -186,6 +186,10 @@ impl TfRecord {
 }
 
 impl Source for TfRecord {
+    fn is_remote(&self) -> bool {
+        self.shards.iter().any(|s| crate::storage::is_url(&s.path))
+    }
+
     fn len(&self) -> usize {
         self.set.len()
     }
