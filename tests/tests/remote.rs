@@ -3,15 +3,24 @@
 //! store) gives the batches the local path gives, and a missing object is
 //! an error naming its URL.
 
+use candle_wick::source::Source;
+use candle_wick::storage::{cached_bytes, set_cache, RemoteCache};
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use candle_wick::{open_path, Loader};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tests::{image_folder, pixels};
 
 /// `(indices, labels, pixels)` of every batch of epoch 1, random access or
 /// streaming.
 fn batches(path: &Path, stream: bool) -> Vec<(Vec<usize>, Vec<u32>, Vec<u8>)> {
-    let mut b = Loader::builder(open_path(path).unwrap())
+    batches_of(open_path(path).unwrap().into(), stream)
+}
+
+/// [`batches`] of an open source.
+fn batches_of(source: Arc<dyn Source>, stream: bool) -> Vec<(Vec<usize>, Vec<u32>, Vec<u8>)> {
+    let mut b = Loader::builder(source)
         .batch_size(5)
         .image_size(16)
         .output(candle_wick::Output::U8Nhwc)
@@ -34,8 +43,16 @@ fn url(path: &Path) -> std::path::PathBuf {
     format!("file://{}", path.canonicalize().unwrap().display()).into()
 }
 
+/// The remote-object cache is process-wide: the tests here take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn every_format_reads_the_same_from_a_url() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().join("folder");
     image_folder(&folder, 3, 7);
@@ -77,6 +94,7 @@ fn every_format_reads_the_same_from_a_url() {
 
 #[test]
 fn a_missing_object_is_an_error_naming_its_url() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let missing = url(dir.path()).join("nope.tar");
     let err = candle_wick::source::WebDataset::open([&missing]).unwrap_err();
@@ -86,4 +104,96 @@ fn a_missing_object_is_an_error_naming_its_url() {
         "{chain}"
     );
     assert!(!err.is_transient(), "a missing object is not retried");
+}
+
+/// Waits (at most 30 s) until `done` holds.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Remote shards and sample files are kept whole, in memory and in a
+/// directory: once cached, the batches stay the same with the objects gone
+/// from the store (moved away), and a new cache over the same directory
+/// (a restarted run) reads them from it.
+#[test]
+fn remote_objects_are_cached_in_memory_and_on_disk() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    image_folder(&folder, 3, 7);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let shards = dir.path().join("wds");
+    let opts = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        shard_size: 6,
+        ..Default::default()
+    };
+    convert(&source, &shards, &opts, &|_| {}).unwrap();
+    let size = |d: &Path| -> u64 { walk(d).iter().map(|p| p.metadata().unwrap().len()).sum() };
+    let (shard_bytes, folder_bytes) = (size(&shards), size(&folder));
+    let moved = |p: &Path, away: bool| {
+        let other = p.with_extension("away");
+        let (from, to) = if away { (p, &*other) } else { (&*other, p) };
+        std::fs::rename(from, to).unwrap();
+    };
+    let cache_dir = dir.path().join("cache");
+    for (name, cache) in [
+        ("disk", RemoteCache::memory(0).disk(&cache_dir, 1 << 30)),
+        ("memory", RemoteCache::memory(64 << 20)),
+    ] {
+        set_cache(&cache).unwrap();
+        for (path, bytes) in [(&shards, shard_bytes), (&folder, folder_bytes)] {
+            let local = batches(path, false);
+            let remote: Arc<dyn Source> = open_path(url(path)).unwrap().into();
+            assert_eq!(batches_of(remote.clone(), false), local, "{name} {path:?}");
+            let held = || {
+                if name == "disk" {
+                    cached_bytes().1
+                } else {
+                    cached_bytes().0
+                }
+            };
+            wait_for(&format!("{name} cache of {path:?}"), || held() >= bytes);
+            moved(path, true);
+            assert_eq!(
+                batches_of(remote.clone(), false),
+                local,
+                "{name} {path:?} cached"
+            );
+            if name == "disk" {
+                // A restart: a new cache over the same directory.
+                set_cache(&RemoteCache::default()).unwrap();
+                assert_eq!(cached_bytes(), (0, 0));
+                set_cache(&cache).unwrap();
+                // A shard is read as a stream too (its reader's windows).
+                let stream = path == &shards;
+                let away = batches(&path.with_extension("away"), stream);
+                assert_eq!(batches_of(remote, stream), away, "{path:?} after a restart");
+            }
+            moved(path, false);
+        }
+        let _ = std::fs::remove_dir_all(&cache_dir);
+        set_cache(&RemoteCache::default()).unwrap();
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -56,6 +56,7 @@ pub struct LoaderBuilder {
     pub(super) ram_budget: Option<u64>,
     pub(super) trace: bool,
     pub(super) cache: Option<(CacheMode, Option<PathBuf>)>,
+    pub(super) remote_cache: Option<crate::storage::RemoteCache>,
     pub(super) guards: Guards,
     pub(super) map: Option<Arc<dyn Map>>,
     /// Which image settings were given (they configure the built-in map).
@@ -90,6 +91,7 @@ impl LoaderBuilder {
             ram_budget: None,
             trace: false,
             cache: None,
+            remote_cache: None,
             guards: Guards::default(),
             map: None,
             image_settings: Vec::new(),
@@ -244,6 +246,17 @@ impl LoaderBuilder {
     /// decoded samples that do not fit in memory.
     pub fn cache_to(mut self, path: impl Into<PathBuf>, mode: CacheMode) -> Self {
         self.cache = Some((mode, Some(path.into())));
+        self
+    }
+
+    /// Keep remote objects (a URL source's shards and sample files) in a
+    /// local cache: in memory within its limit, counted in the RAM budget,
+    /// and optionally in a directory a restarted run reads again. The
+    /// cache serves the whole process: this sets
+    /// [`storage::set_cache`](crate::storage::set_cache) when the loader is
+    /// built. Default: none (every read goes to the store).
+    pub fn remote_cache(mut self, cache: crate::storage::RemoteCache) -> Self {
+        self.remote_cache = Some(cache);
         self
     }
 
@@ -575,6 +588,16 @@ impl LoaderBuilder {
             schema.batch_bytes()
         } as u64;
         let budget = self.ram_budget.unwrap_or_else(default_budget);
+        if let Some(cache) = &self.remote_cache {
+            if cache.memory_limit() > budget / 2 {
+                return Err(Error::InvalidConfig(format!(
+                    "the remote cache's {} bytes of memory are over half the {budget}-byte RAM \
+                     budget: lower it, or raise ram_budget",
+                    cache.memory_limit()
+                )));
+            }
+            crate::storage::set_cache(cache)?;
+        }
         let knobs = Knobs {
             gate: Gate::new(workers),
             in_flight: in_flight.into(),

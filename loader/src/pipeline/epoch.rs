@@ -203,7 +203,8 @@ impl Iterator for Epoch<'_> {
                 // remote-object cache count in the RAM budget.
                 let cache = shared.cache.as_ref().map_or(0, Cache::memory)
                     + shared.trace.as_ref().map_or(0, |t| t.memory())
-                    + shared.readahead.as_ref().map_or(0, |r| r.memory());
+                    + shared.readahead.as_ref().map_or(0, |r| r.memory())
+                    + crate::storage::cache_memory();
                 // On the direct hand-over a worker runs a whole batch on a
                 // buffer of its own: workers past the batches in flight idle.
                 // Asked only when a window closes.

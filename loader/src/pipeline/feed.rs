@@ -70,7 +70,9 @@ pub(super) fn feed(
         if let (Some(ra), None) = (&shared.readahead, &stream) {
             // The rank's samples from `start`, in the order workers take them.
             let rest = plan.batches.get(start..).unwrap_or_default();
-            let order = rest.iter().flat_map(|r| plan.order[r.clone()].iter().copied());
+            let order = rest
+                .iter()
+                .flat_map(|r| plan.order[r.clone()].iter().copied());
             ra.begin(gen, order.collect());
         }
         let mut dispatched = 0;

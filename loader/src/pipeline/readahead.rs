@@ -195,7 +195,11 @@ impl ReadAhead {
     /// The record of sample `index` (and how many times its read was
     /// retried) when it was read ahead, waiting for a read in flight; `None` when it was not (nor will be: the caller
     /// reads it) or `cancel` is set while waiting.
-    pub(super) fn take(self: &Arc<Self>, index: usize, cancel: &AtomicBool) -> Option<(Result<Record>, u32)> {
+    pub(super) fn take(
+        self: &Arc<Self>,
+        index: usize,
+        cancel: &AtomicBool,
+    ) -> Option<(Result<Record>, u32)> {
         let mut i = crate::lock(&self.inner);
         let now = Instant::now();
         if let Some(last) = i.last_take.replace(now) {
@@ -241,7 +245,13 @@ impl ReadAhead {
     }
 
     /// Stores a finished read (dropped when its epoch is gone).
-    fn finish(&self, gen: u64, index: usize, record: Option<(Result<Record>, u32)>, took: Duration) {
+    fn finish(
+        &self,
+        gen: u64,
+        index: usize,
+        record: Option<(Result<Record>, u32)>,
+        took: Duration,
+    ) {
         let mut i = crate::lock(&self.inner);
         i.latency = average(i.latency, took.as_secs_f64());
         if i.gen == gen && matches!(i.slots.get(&index), Some(Slot::Reading)) {
@@ -401,18 +411,31 @@ mod tests {
     #[test]
     fn reads_ahead_overlap_and_give_the_batches_of_local_reads() {
         let (remote, local) = (Slow::new(true), Slow::new(false));
-        let (mut r, mut l) = (builder(&remote).build().unwrap(), builder(&local).build().unwrap());
+        let (mut r, mut l) = (
+            builder(&remote).build().unwrap(),
+            builder(&local).build().unwrap(),
+        );
         for epoch in 0..2 {
-            assert_eq!(labels(&mut r, epoch, 0), labels(&mut l, epoch, 0), "epoch {epoch}");
+            assert_eq!(
+                labels(&mut r, epoch, 0),
+                labels(&mut l, epoch, 0),
+                "epoch {epoch}"
+            );
         }
         assert_eq!(labels(&mut r, 2, 3), labels(&mut l, 2, 3), "resumed");
         assert_eq!(local.most.load(SeqCst), 1, "one worker reads one at a time");
-        assert!(remote.most.load(SeqCst) >= 2, "remote reads did not overlap");
+        assert!(
+            remote.most.load(SeqCst) >= 2,
+            "remote reads did not overlap"
+        );
         let stats = r.stats();
         assert!(stats.read_ahead >= 4, "depth {}", stats.read_ahead);
         assert_eq!(stats.read_retries, 1);
         assert_eq!(stats.skipped_samples, l.stats().skipped_samples);
-        assert!(stats.skipped_samples >= 2, "sample 7 was skipped every epoch");
+        assert!(
+            stats.skipped_samples >= 2,
+            "sample 7 was skipped every epoch"
+        );
         assert_eq!(l.stats().read_ahead, 0);
 
         let pad = |s: &Arc<Slow>| {

@@ -240,7 +240,8 @@ impl FileList {
 
 impl Source for FileList {
     fn is_remote(&self) -> bool {
-        crate::storage::is_url(&self.path) || self.samples.iter().any(|(p, _)| crate::storage::is_url(p))
+        crate::storage::is_url(&self.path)
+            || self.samples.iter().any(|(p, _)| crate::storage::is_url(p))
     }
 
     fn len(&self) -> usize {

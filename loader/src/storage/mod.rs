@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "remote")]
+mod cache;
+#[cfg(feature = "remote")]
 pub(crate) mod remote;
 #[cfg(not(feature = "remote"))]
 #[path = "remote_stub.rs"]
@@ -57,6 +59,88 @@ pub fn configure<K: Into<String>, V: Into<String>>(
         .map(|(k, v)| (k.into(), v.into()))
         .collect();
     remote::configure(prefix, opts);
+}
+
+/// A bounded local cache of remote objects, for the whole process (every
+/// loader and source in it): whole objects kept in memory, within
+/// `memory` bytes (least recently used first out; an object over a
+/// quarter of it is not kept there), and optionally as files in a
+/// directory, within their own limit, that a restarted run — or another
+/// rank on the node given the same directory — reads instead of the store.
+///
+/// A shard read at random is read with ranged requests while a download
+/// in the background (a few at once) fetches it whole; from then on its
+/// reads are local. A sample file is kept from its GET. A shard is known by
+/// its URL, size and entity tag (a rewritten shard is fetched anew), a
+/// sample file by its URL alone: clear the directory after rewriting sample
+/// files in place. The memory held counts in the loader's RAM budget.
+///
+/// ```
+/// use candle_wick::storage::RemoteCache;
+/// let cache = RemoteCache::memory(2 << 30).disk("/tmp/wick-cache", 200 << 30);
+/// candle_wick::storage::set_cache(&cache)?;
+/// # Ok::<(), candle_wick::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteCache {
+    pub(crate) memory: u64,
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) disk: u64,
+}
+
+impl RemoteCache {
+    /// A cache of at most `bytes` in memory (0: none in memory).
+    pub fn memory(bytes: u64) -> Self {
+        Self {
+            memory: bytes,
+            ..Self::default()
+        }
+    }
+
+    /// Also keeps objects as files in `dir` (made if missing), at most
+    /// `bytes` of them.
+    pub fn disk(mut self, dir: impl Into<PathBuf>, bytes: u64) -> Self {
+        self.dir = Some(dir.into());
+        self.disk = bytes;
+        self
+    }
+
+    /// The memory limit in bytes.
+    pub fn memory_limit(&self) -> u64 {
+        self.memory
+    }
+}
+
+/// Uses `cache` for the remote objects read from now on, in the whole
+/// process (an equal cache keeps what is cached; `RemoteCache::default()`
+/// turns caching off). Fails if the directory cannot be made. Without the
+/// `remote` feature there is nothing to cache and it does nothing.
+pub fn set_cache(cache: &RemoteCache) -> Result<()> {
+    #[cfg(feature = "remote")]
+    return cache::set(cache);
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = cache;
+        Ok(())
+    }
+}
+
+/// Bytes the remote-object cache holds in memory now (downloads into it
+/// in flight included).
+pub(crate) fn cache_memory() -> u64 {
+    #[cfg(feature = "remote")]
+    return cache::memory();
+    #[cfg(not(feature = "remote"))]
+    0
+}
+
+/// What the remote-object cache ([`set_cache`]) holds now: `(bytes in
+/// memory, bytes of files in its directory)`, `(0, 0)` without one.
+pub fn cached_bytes() -> (u64, u64) {
+    #[cfg(feature = "remote")]
+    return (cache::memory(), cache::disk());
+    #[cfg(not(feature = "remote"))]
+    (0, 0)
 }
 
 /// Whether `path` is a URL (`s3://..`, `https://..`, `file://..`) rather

@@ -10,6 +10,7 @@
 //! the store builders' `from_env`), then from options given with
 //! [`configure`](super::configure).
 
+use super::cache::{Download, ObjectCache};
 use crate::error::{Error, Result};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -199,6 +200,8 @@ pub(crate) struct Object {
     path: ObjectPath,
     url: Arc<str>,
     len: u64,
+    /// Its name in the local cache: URL, size and entity tag.
+    key: Arc<str>,
 }
 
 impl Object {
@@ -208,11 +211,13 @@ impl Object {
         let (s, p) = (store.clone(), path.clone());
         let meta = block_on(async move { s.head(&p).await })?
             .map_err(|e| remote_error(url, "cannot read the object's size", e))?;
+        let tag = meta.e_tag.as_deref().unwrap_or_default();
         Ok(Self {
             store,
             path,
             url: url.into(),
             len: meta.size,
+            key: format!("{url}#{}#{tag}", meta.size).into(),
         })
     }
 
@@ -221,8 +226,18 @@ impl Object {
         self.len
     }
 
-    /// Bytes `range` of the object (one ranged GET).
+    /// Bytes `range` of the object: from the local cache, else one ranged
+    /// GET (and the whole object is fetched for the cache in the
+    /// background, when one is set and fits it).
     pub(crate) fn get_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
+        if let Some(cache) = super::cache::current() {
+            if let Some(got) = cache.read(&self.key, range.clone()) {
+                return Ok(got);
+            }
+            if let Some(download) = cache.want(&self.key, self.len) {
+                self.download(cache, download);
+            }
+        }
         let (s, p) = (self.store.clone(), self.path.clone());
         let r = range.clone();
         let got = block_on(async move { s.get_range(&p, r).await })?.map_err(|e| {
@@ -249,18 +264,81 @@ impl Object {
     }
 }
 
-/// The whole object `url` in one GET, refused before its body is read
-/// when the response says it is over `max` bytes: `Err(size)` then.
+impl Object {
+    /// Fetches the whole object into the cache, on the I/O runtime.
+    fn download(&self, cache: Arc<ObjectCache>, download: Download) {
+        let (store, path, len) = (self.store.clone(), self.path.clone(), self.len);
+        let fetch = async move {
+            let file = download.file.clone();
+            let got = fetch_whole(store, path, len, file, download.keep).await;
+            // A failed download leaves the reads remote; they report errors.
+            cache.downloaded(download, got.ok());
+        };
+        match runtime() {
+            Ok(rt) => drop(rt.spawn(fetch)),
+            Err(_) => drop(fetch),
+        }
+    }
+}
+
+/// The whole object, written to `file` as it comes; its bytes when they
+/// are kept (`keep`).
+async fn fetch_whole(
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    len: u64,
+    file: Option<std::path::PathBuf>,
+    keep: bool,
+) -> std::result::Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    use std::io::Write;
+    let mut stream = store.get(&path).await?.into_stream();
+    let mut out = file.map(std::fs::File::create).transpose()?;
+    let mut kept = Vec::new();
+    let mut got = 0u64;
+    while let Some(chunk) = stream.try_next().await? {
+        got += chunk.len() as u64;
+        if got > len {
+            return Err("the object grew while it was read".into());
+        }
+        if let Some(out) = &mut out {
+            out.write_all(&chunk)?;
+        }
+        if keep {
+            kept.extend_from_slice(&chunk);
+        }
+    }
+    if got != len {
+        return Err(format!("read {got} of {len} bytes").into());
+    }
+    if let Some(out) = out {
+        out.sync_data()?;
+    }
+    Ok(kept.into())
+}
+
+/// The whole object `url` in one GET (or from the local cache), refused
+/// before its body is read when the response says it is over `max` bytes:
+/// `Err(size)` then.
 pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes, u64>> {
+    let cache = super::cache::current();
+    if let Some(got) = cache.as_ref().and_then(|c| c.whole(url)) {
+        if got.len() as u64 <= max {
+            return Ok(Ok(got));
+        }
+    }
     let (store, path) = store(url)?;
-    block_on(async move {
+    let got = block_on(async move {
         let got = store.get(&path).await?;
         if got.meta.size > max {
             return Ok(Err(got.meta.size));
         }
         got.bytes().await.map(Ok)
     })?
-    .map_err(|e| remote_error(url, "cannot read the object", e))
+    .map_err(|e| remote_error(url, "cannot read the object", e))?;
+    if let (Some(cache), Ok(bytes)) = (&cache, &got) {
+        cache.store(url, bytes);
+    }
+    Ok(got)
 }
 
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
