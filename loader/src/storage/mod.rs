@@ -26,6 +26,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "remote")]
+use bytes::Bytes;
+#[cfg(not(feature = "remote"))]
+type Bytes = Vec<u8>;
+
+#[cfg(feature = "remote")]
 mod cache;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
@@ -215,7 +220,8 @@ impl Blob {
             path: path.to_path_buf(),
             len,
             pos: 0,
-            window: (0, Vec::new()),
+            window: (0, Bytes::new()),
+            next: None,
         }
     }
 }
@@ -228,7 +234,9 @@ pub(crate) struct BlobReader {
     len: u64,
     pos: u64,
     /// `(start, bytes)` of the last window read (remote only).
-    window: (u64, Vec<u8>),
+    window: (u64, Bytes),
+    /// The next window, being read while this one is used (remote only).
+    next: Option<(u64, remote::Pending)>,
 }
 
 impl BlobReader {
@@ -270,7 +278,18 @@ impl BlobReader {
             return Ok(0);
         };
         let end = (at + WINDOW).min(self.len);
-        self.window = (at, o.get_range(at..end)?.to_vec());
+        // The window read ahead, if it starts here; else this one now.
+        let window = match self.next.take() {
+            Some((start, pending)) if start == at => pending.wait()?,
+            _ => o.get_range(at..end)?,
+        };
+        let end = at + window.len() as u64;
+        self.window = (at, window);
+        if end < self.len {
+            // Read ahead: the next window comes while this one is used.
+            let next_end = (end + WINDOW).min(self.len);
+            self.next = Some((end, o.start_range(end..next_end)));
+        }
         Ok((end - at) as usize)
     }
 }
@@ -444,5 +463,40 @@ mod tests {
         assert!(err.contains("nope") && err.contains("not found"), "{err}");
         let listed = list_urls(&format!("file://{}", dir.path().display()), &[".bin"]).unwrap();
         assert_eq!(listed, [url]);
+    }
+
+    /// Over several windows, each read ahead while the one before is
+    /// used: front to back, across window edges, and after seeks into a
+    /// window read ahead, past it and back.
+    #[cfg(feature = "remote")]
+    #[test]
+    fn a_reader_reads_ahead_across_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.bin");
+        let n = 2 * WINDOW as usize + 12_345;
+        let data: Vec<u8> = (0..n as u64).map(|i| (i * 31 % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let url = PathBuf::from(format!("file://{}", path.display()));
+        let (blob, len) = Blob::open(&url).unwrap();
+        let mut r = blob.reader(&url, len);
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).unwrap();
+        assert!(all == data, "front to back");
+        let w = WINDOW as usize;
+        for (at, n) in [
+            (w - 10, 20),
+            (w + 5, 100),
+            (2 * w + 12_000, 345),
+            (3, 7),
+            (w - 1, w + 2),
+        ] {
+            let mut buf = vec![0; n];
+            r.read_exact_at(at as u64, &mut buf).unwrap();
+            assert!(buf == data[at..at + n], "{n} bytes at {at}");
+        }
+        r.seek(SeekFrom::Start(w as u64 + 1)).unwrap();
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert!(rest == data[w + 1..], "after a seek");
     }
 }

@@ -264,7 +264,39 @@ impl Object {
     }
 }
 
+/// A ranged read under way ([`Object::start_range`]).
+#[derive(Debug)]
+pub(crate) struct Pending(crossbeam_channel::Receiver<Result<Bytes>>);
+
+impl Pending {
+    /// Waits for the bytes.
+    pub(crate) fn wait(self) -> Result<Bytes> {
+        self.0
+            .recv()
+            .map_err(|_| Error::InvalidConfig("the object-store I/O runtime stopped".into()))?
+    }
+}
+
 impl Object {
+    /// Starts reading bytes `range` (as [`Self::get_range`]) on an I/O
+    /// thread, to wait for later.
+    pub(crate) fn start_range(&self, range: std::ops::Range<u64>) -> Pending {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let me = self.clone();
+        match runtime() {
+            Ok(rt) => {
+                // `get_range` blocks (on this runtime): off its workers.
+                drop(rt.spawn_blocking(move || {
+                    let _ = tx.send(me.get_range(range));
+                }));
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+        Pending(rx)
+    }
+
     /// Fetches the whole object into the cache, on the I/O runtime.
     fn download(&self, cache: Arc<ObjectCache>, download: Download) {
         let (store, path, len) = (self.store.clone(), self.path.clone(), self.len);
