@@ -18,6 +18,7 @@ use crate::rng::{keyed_rng, Purpose};
 use crate::source::{
     read_retrying, retry_wait, tried, Parts, Record, RecordStream, Retry, ShardInfo, Source,
 };
+use crate::storage::Sequential;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -338,8 +339,30 @@ impl StreamPlanner {
         retry: Retry,
     ) -> impl Iterator<Item = Streamed> + Send {
         let shards = self.shards.clone();
+        // A remote shard's stream starts before the interleave reaches it.
+        let upcoming = self.rank_shards(epoch, self.rank);
+        let ahead = if source.is_remote() { SHARDS_AHEAD } else { 0 };
+        let mut started = std::collections::VecDeque::new();
+        let mut called = 0;
         self.order_of(epoch, move |s| {
-            shard_stream(&source, &shards[s], s, parts.clone(), retry.clone())
+            let open =
+                |s: usize| shard_stream(&source, &shards[s], s, parts.clone(), retry.clone());
+            let have = called + started.len();
+            for &next in upcoming
+                .iter()
+                .skip(have)
+                .take((called + 1 + ahead).saturating_sub(have))
+            {
+                started.push_back((next, open(next)));
+            }
+            called += 1;
+            match started.pop_front() {
+                Some((first, stream)) if first == s => stream,
+                _ => {
+                    started.clear();
+                    open(s)
+                }
+            }
         })
     }
 }
@@ -383,6 +406,7 @@ fn shard_stream(
                 )
                 .map(move |(i, r)| (i, r.unwrap_or_else(|| Err(gap(i))))),
         ),
+        Ok(None) if source.is_remote() => produced(source.clone(), range, parts, retry),
         Ok(None) => {
             let source = source.clone();
             Box::new(range.map(move |i| {
@@ -402,6 +426,79 @@ fn shard_stream(
             // Every record of the shard fails with the one cause.
             let lost = shard_lost(&info.path, "cannot open shard for streaming", e);
             Box::new(range.map(move |i| (i, Err(lost()))))
+        }
+    }
+}
+
+/// Records of a remote shard buffered ahead of its stream.
+const STREAM_BUFFER: usize = 64;
+
+/// Remote shards whose streams start before the interleave reaches them.
+const SHARDS_AHEAD: usize = 2;
+
+/// Records `range` of a remote shard, read on a thread of their own
+/// (`wick-stream`) into a buffer of [`STREAM_BUFFER`] records, through
+/// windows of the object ([`Sequential`]): a request per window, not per
+/// record, and the reads of the shards in the cycle (and the next ones)
+/// overlap instead of each stalling the interleave. The thread ends with
+/// the shard, when the stream is dropped, or when the epoch is.
+fn produced(
+    source: Arc<dyn Source>,
+    range: std::ops::Range<usize>,
+    parts: Arc<Parts>,
+    retry: Retry,
+) -> Box<dyn Iterator<Item = Streamed> + Send> {
+    let (tx, rx) = crossbeam_channel::bounded(STREAM_BUFFER);
+    let all = range.clone();
+    let run = move || {
+        let mut windows = Sequential::default();
+        let Retry {
+            retries,
+            cancel,
+            on_retry,
+        } = &retry;
+        for i in range {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            let read = || {
+                read_retrying(
+                    &*source,
+                    (i, &*parts, Vec::new()),
+                    *retries,
+                    cancel,
+                    &**on_retry,
+                )
+            };
+            let record = windows.run(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|p| {
+                    let message = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic payload".into());
+                    Err(Error::WorkerPanic {
+                        key: format!("#{i}"),
+                        message,
+                    })
+                })
+            });
+            if tx.send((i, record)).is_err() {
+                break;
+            }
+        }
+    };
+    match std::thread::Builder::new()
+        .name("wick-stream".into())
+        .spawn(run)
+    {
+        Ok(_) => Box::new(rx.into_iter()),
+        Err(e) => {
+            let e = e.to_string();
+            Box::new(all.map(move |i| {
+                let why = format!("cannot start a thread to stream record {i}: {e}");
+                (i, Err(Error::InvalidConfig(why)))
+            }))
         }
     }
 }

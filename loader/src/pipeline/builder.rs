@@ -3,7 +3,6 @@
 
 use super::fill::BadSamples;
 use super::loader::{Loader, Order};
-use super::readahead::ReadAhead;
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
 use crate::device::{Finish, Guards};
@@ -16,6 +15,7 @@ use crate::order::ranks::Ranks;
 use crate::order::sampler::{Remainder, Sampler};
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
+use crate::source::readahead::{ReadAhead, MAX_DEPTH};
 use crate::source::Source;
 use crate::state::{shard_table, Identity, LoaderState, Position};
 use crate::stats::trace::Trace;
@@ -624,7 +624,12 @@ impl LoaderBuilder {
         // A remote source's records are read ahead of the workers.
         let readahead = self.source.is_remote().then(|| {
             let source = self.source.clone();
-            ReadAhead::new(source, parts.clone(), self.retries, self.batch_size)
+            ReadAhead::new(
+                source,
+                parts.clone(),
+                self.retries,
+                (self.batch_size, MAX_DEPTH),
+            )
         });
         let shared = Arc::new(Shared {
             pool: Pool::new(in_flight, alloc, keep)?,

@@ -57,7 +57,6 @@ mod feed;
 mod fill;
 mod loader;
 mod quarantine;
-mod readahead;
 mod reorder;
 mod upload;
 mod worker;
@@ -119,8 +118,9 @@ struct Shared {
     retries: u32,
     /// Where bad samples are listed (`bad_samples_log`).
     quarantine: Option<quarantine::Quarantine>,
-    /// Reads a remote source's records ahead of the workers ([`readahead`]).
-    readahead: Option<Arc<readahead::ReadAhead>>,
+    /// Reads a remote source's records ahead of the workers
+    /// ([`ReadAhead`](crate::source::readahead::ReadAhead)).
+    readahead: Option<Arc<crate::source::readahead::ReadAhead>>,
     /// The inbox of the running direct epoch, if any ([`direct`]).
     direct: Mutex<Option<Arc<direct::Inbox>>>,
     /// Tests choose the path: direct always, never, or by cost (`None`).

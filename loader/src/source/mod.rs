@@ -5,6 +5,7 @@ mod list;
 pub(crate) mod mapguard;
 mod memory;
 mod open;
+pub(crate) mod readahead;
 mod shards;
 mod tensors;
 pub(crate) mod tfrecord;

@@ -38,8 +38,11 @@ pub(crate) mod remote;
 #[path = "remote_stub.rs"]
 pub(crate) mod remote;
 
-/// Bytes a sequential reader of a remote object asks for at once.
+/// Bytes a sequential reader of a remote object asks for at once, at most.
 const WINDOW: u64 = 8 << 20;
+
+/// Bytes of a sequential reader's first window.
+const FIRST_WINDOW: u64 = 1 << 20;
 
 /// Sets object-store options for every URL that starts with `prefix`
 /// (`"s3://my-bucket"`, `"https://host"`), over the environment's: the
@@ -198,6 +201,9 @@ impl Blob {
         match self {
             Blob::Local(file) => crate::source::read_exact_at(file, path, offset, buf),
             Blob::Remote(o) => {
+                if let Some(read) = Sequential::read(o, path, offset, buf) {
+                    return read;
+                }
                 let end = offset + buf.len() as u64;
                 if end > o.len() {
                     return Err(crate::source::shard_error(
@@ -222,7 +228,77 @@ impl Blob {
             pos: 0,
             window: (0, Bytes::new()),
             next: None,
+            span: FIRST_WINDOW,
         }
+    }
+}
+
+/// Most windowed readers a [`Sequential`] keeps (a shard read in a few
+/// regions at once: a safetensors shard's images and its other tensors).
+const SEQUENTIAL_READERS: usize = 4;
+
+/// Windows over the remote objects one stream reads in order: inside
+/// [`Sequential::run`], a positioned read of a remote blob on this thread
+/// goes through a [`BlobReader`] of that object whose window (or the next
+/// one, read ahead) holds it, so a shard streamed record by record costs a
+/// request per 8 MiB, not one per record. Dropped with the stream.
+#[derive(Debug, Default)]
+pub(crate) struct Sequential {
+    /// `(object URL, reader, last use)`.
+    readers: Vec<(String, BlobReader, u64)>,
+    tick: u64,
+}
+
+thread_local! {
+    static SEQUENTIAL: std::cell::RefCell<Option<Sequential>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Sequential {
+    /// Runs `f` with this stream's windows in use on this thread.
+    pub(crate) fn run<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let mine = std::mem::take(self);
+        let outer = SEQUENTIAL.with(|s| s.borrow_mut().replace(mine));
+        // Put back even if `f` panics (the stream reports the panic).
+        struct Restore<'a>(&'a mut Sequential, Option<Sequential>);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                let mine =
+                    SEQUENTIAL.with(|s| std::mem::replace(&mut *s.borrow_mut(), self.1.take()));
+                *self.0 = mine.unwrap_or_default();
+            }
+        }
+        let _restore = Restore(self, outer);
+        f()
+    }
+
+    /// A read of `o` through the thread's windows, if a stream runs here.
+    fn read(o: &remote::Object, path: &Path, offset: u64, buf: &mut [u8]) -> Option<Result<()>> {
+        SEQUENTIAL.with(|s| {
+            let mut s = s.borrow_mut();
+            let seq = s.as_mut()?;
+            seq.tick += 1;
+            let url = url_of(path);
+            let near = seq
+                .readers
+                .iter()
+                .position(|(u, r, _)| u == url && r.covers(offset));
+            let at = match near {
+                Some(at) => at,
+                None => {
+                    if seq.readers.len() >= SEQUENTIAL_READERS {
+                        let oldest = (0..seq.readers.len()).min_by_key(|&i| seq.readers[i].2)?;
+                        seq.readers.swap_remove(oldest);
+                    }
+                    let reader = Blob::Remote(o.clone()).reader(path, o.len());
+                    seq.readers.push((url.to_string(), reader, 0));
+                    seq.readers.len() - 1
+                }
+            };
+            let tick = seq.tick;
+            let (_, reader, used) = &mut seq.readers[at];
+            *used = tick;
+            Some(reader.read_exact_at(offset, buf))
+        })
     }
 }
 
@@ -237,6 +313,9 @@ pub(crate) struct BlobReader {
     window: (u64, Bytes),
     /// The next window, being read while this one is used (remote only).
     next: Option<(u64, remote::Pending)>,
+    /// Bytes of the next window: from [`FIRST_WINDOW`], doubled each
+    /// window up to [`WINDOW`], so a stream's first bytes come soon.
+    span: u64,
 }
 
 impl BlobReader {
@@ -265,6 +344,12 @@ impl BlobReader {
         Ok(())
     }
 
+    /// Whether a read at `offset` is in the window or the one read ahead.
+    fn covers(&self, offset: u64) -> bool {
+        let start = self.window.0;
+        offset >= start && offset < start + self.window.1.len() as u64 + WINDOW
+    }
+
     /// Makes the window hold `at` (remote); the bytes available from it.
     fn fill(&mut self, at: u64) -> Result<usize> {
         let (start, win) = &self.window;
@@ -277,7 +362,8 @@ impl BlobReader {
         let Blob::Remote(o) = &self.blob else {
             return Ok(0);
         };
-        let end = (at + WINDOW).min(self.len);
+        let end = (at + self.span).min(self.len);
+        self.span = (self.span * 2).min(WINDOW);
         // The window read ahead, if it starts here; else this one now.
         let window = match self.next.take() {
             Some((start, pending)) if start == at => pending.wait()?,
@@ -287,7 +373,7 @@ impl BlobReader {
         self.window = (at, window);
         if end < self.len {
             // Read ahead: the next window comes while this one is used.
-            let next_end = (end + WINDOW).min(self.len);
+            let next_end = (end + self.span).min(self.len);
             self.next = Some((end, o.start_range(end..next_end)));
         }
         Ok((end - at) as usize)

@@ -3,6 +3,7 @@
 //! fixed settings against AUTOTUNE.
 
 use candle_wick::stats::Stats;
+use candle_wick::storage::RemoteCache;
 use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms};
 use clap::ValueEnum;
 use serde::Serialize;
@@ -60,6 +61,17 @@ pub(crate) struct BenchArgs {
     /// Cache samples in memory after the first epoch.
     #[arg(long, value_enum)]
     pub(crate) cache: Option<CacheArg>,
+    /// Keep remote objects (a URL dataset's shards and files) in a memory
+    /// cache of this many MB (storage::RemoteCache).
+    #[arg(long)]
+    pub(crate) remote_cache_mb: Option<u64>,
+    /// Also keep remote objects as files in this directory (reused by
+    /// later runs), up to `--remote-cache-dir-mb`.
+    #[arg(long)]
+    pub(crate) remote_cache_dir: Option<PathBuf>,
+    /// The limit of `--remote-cache-dir`, in MB.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) remote_cache_dir_mb: u64,
     /// Print AUTOTUNE's decisions over time.
     #[arg(long)]
     pub(crate) autotune: bool,
@@ -115,6 +127,11 @@ pub(crate) struct Report {
     pub(crate) step_ms: f64,
     pub(crate) epoch_images_per_sec: Vec<f64>,
     pub(crate) median_images_per_sec: f64,
+    /// CPU time of the whole process over each epoch's wall time: the
+    /// cores it kept busy (decode workers, I/O threads, everything).
+    pub(crate) epoch_cpu_cores: Vec<f64>,
+    /// Records read ahead of the workers at the end (remote data).
+    pub(crate) read_ahead: usize,
     pub(crate) decoded_mb_per_sec: f64,
     pub(crate) read_us_per_sample: f64,
     pub(crate) decode_us_per_sample: f64,
@@ -142,6 +159,30 @@ pub(crate) struct TuneRow {
     pub(crate) batches_per_sec: f64,
     pub(crate) wait_share: f64,
     pub(crate) action: String,
+}
+
+/// CPU time (user and system) of this process's threads so far (zero
+/// where not measured).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn cpu_time() -> Duration {
+    Duration::ZERO
+}
+
+/// CPU time (user and system) of this process's threads so far.
+#[cfg(target_os = "linux")]
+pub(crate) fn cpu_time() -> Duration {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `u` is a valid, writable rusage; getrusage fills it and
+    // reads nothing else.
+    let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) } == 0;
+    if !ok {
+        return Duration::ZERO;
+    }
+    // SAFETY: zeroed is a valid rusage (plain integers), and getrusage
+    // succeeded.
+    let u = unsafe { u.assume_init() };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`).
@@ -218,16 +259,26 @@ pub(crate) fn bench_with(
             CacheArg::Decoded => CacheMode::Decoded,
         });
     }
+    if a.remote_cache_mb.is_some() || a.remote_cache_dir.is_some() {
+        let mut cache = RemoteCache::memory(a.remote_cache_mb.unwrap_or(0) * 1_000_000);
+        if let Some(dir) = &a.remote_cache_dir {
+            cache = cache.disk(dir, a.remote_cache_dir_mb * 1_000_000);
+        }
+        builder = builder.remote_cache(cache);
+    }
     let mut loader = builder.build()?;
     let mut rates = Vec::new();
+    let mut cores = Vec::new();
     for epoch in 0..a.epochs {
         let t = Instant::now();
+        let cpu = cpu_time();
         let mut n = 0;
         for batch in loader.epoch(epoch) {
             n += batch?.len();
             step(a);
         }
         let rate = n as f64 / t.elapsed().as_secs_f64();
+        cores.push((cpu_time() - cpu).as_secs_f64() / t.elapsed().as_secs_f64());
         if !quiet {
             let (f, p) = loader.queue_depths();
             println!(
@@ -238,9 +289,7 @@ pub(crate) fn bench_with(
         }
         rates.push(rate);
     }
-    let mut sorted = rates.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let median = median(&rates).unwrap_or(0.0);
     let s: Stats = loader.stats();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let (in_flight, prefetch) = loader.queue_depths();
@@ -258,6 +307,8 @@ pub(crate) fn bench_with(
         step_ms: a.step_ms,
         epoch_images_per_sec: rates,
         median_images_per_sec: median,
+        epoch_cpu_cores: cores,
+        read_ahead: s.read_ahead,
         decoded_mb_per_sec: s.decoded_mb_per_sec(),
         read_us_per_sample: us(s.read_per_sample),
         decode_us_per_sample: us(s.decode_per_sample),
@@ -382,6 +433,12 @@ pub(crate) fn print_text(r: &Report, autotune: bool) {
             r.workers, r.in_flight, r.prefetch
         );
     }
+    if let Some(c) = median(&r.epoch_cpu_cores).filter(|c| *c > 0.0) {
+        println!("CPU: {c:.2} cores busy (median over epochs)");
+    }
+    if r.read_ahead > 0 {
+        println!("read ahead: {} records", r.read_ahead);
+    }
     if r.skipped > 0 {
         println!("skipped samples: {}", r.skipped);
     }
@@ -389,4 +446,11 @@ pub(crate) fn print_text(r: &Report, autotune: bool) {
         Some(mb) => println!("peak RSS: {mb:.0} MB"),
         None => println!("peak RSS: not available on this platform"),
     }
+}
+
+/// The median of `v` (the upper one of an even count).
+fn median(v: &[f64]) -> Option<f64> {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied()
 }

@@ -14,9 +14,10 @@
 //! A worker that finds its record still being read waits for it; one that
 //! finds none (past the depth) reads it itself.
 //!
-//! The read-ahead drives itself: [`ReadAhead::begin`] is given the rank's
-//! order for the epoch (random access; a stream is read ahead by its
-//! reader's windows instead), and every take starts the next reads.
+//! The read-ahead drives itself: [`ReadAhead::begin`] is given the order
+//! the records will be taken in (the rank's samples of the epoch in the
+//! random-access mode; one shard's records in a stream), and every take
+//! starts the next reads.
 //! Records read and not yet taken are its memory ([`ReadAhead::memory`],
 //! counted in the RAM budget).
 
@@ -28,8 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-/// Most records read or being read ahead (and most I/O threads).
-pub(super) const MAX_DEPTH: usize = 256;
+/// Most records read or being read ahead for a loader (and most I/O
+/// threads).
+pub(crate) const MAX_DEPTH: usize = 256;
 
 enum Slot {
     Reading,
@@ -60,11 +62,13 @@ struct Inner {
 }
 
 /// The read-ahead of one loader.
-pub(super) struct ReadAhead {
+pub(crate) struct ReadAhead {
     source: Arc<dyn Source>,
     parts: Arc<Parts>,
     retries: u32,
     batch: usize,
+    /// The most records read ahead (at most [`MAX_DEPTH`]).
+    most: usize,
     inner: Mutex<Inner>,
     ready: Condvar,
     jobs: Sender<(u64, usize)>,
@@ -76,21 +80,21 @@ impl std::fmt::Debug for ReadAhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let i = crate::lock(&self.inner);
         f.debug_struct("ReadAhead")
-            .field("depth", &depth_of(&i, self.batch))
+            .field("depth", &depth_of(&i, self.batch, self.most))
             .field("threads", &i.threads)
             .finish_non_exhaustive()
     }
 }
 
 /// Records to keep read or being read ahead of the workers.
-fn depth_of(i: &Inner, batch: usize) -> usize {
-    let floor = batch.clamp(1, MAX_DEPTH);
+fn depth_of(i: &Inner, batch: usize, most: usize) -> usize {
+    let floor = batch.clamp(1, most);
     if i.latency <= 0.0 || i.interval <= 0.0 {
         // Nothing measured yet: two batches.
-        return (2 * batch).clamp(floor, MAX_DEPTH);
+        return (2 * batch).clamp(floor, most);
     }
-    let need = (2.0 * i.latency / i.interval).ceil().min(MAX_DEPTH as f64) as usize + batch;
-    need.clamp(floor, MAX_DEPTH)
+    let need = (2.0 * i.latency / i.interval).ceil().min(most as f64) as usize + batch;
+    need.clamp(floor, most)
 }
 
 /// A moving average: the first value, then 1/10 of each new one.
@@ -104,12 +108,13 @@ fn average(old: f64, new: f64) -> f64 {
 
 impl ReadAhead {
     /// A read-ahead of `source`'s records, read as the loader reads them
-    /// (`parts`, `retries`), for batches of `batch` samples.
-    pub(super) fn new(
+    /// (`parts`, `retries`), taken in batches of `batch` records, at most
+    /// `most` ahead (capped at [`MAX_DEPTH`]).
+    pub(crate) fn new(
         source: Arc<dyn Source>,
         parts: Arc<Parts>,
         retries: u32,
-        batch: usize,
+        (batch, most): (usize, usize),
     ) -> Arc<Self> {
         let (jobs, queue) = unbounded();
         Arc::new(Self {
@@ -117,6 +122,7 @@ impl ReadAhead {
             parts,
             retries,
             batch,
+            most: most.clamp(1, MAX_DEPTH),
             inner: Mutex::new(Inner::default()),
             ready: Condvar::new(),
             jobs,
@@ -125,19 +131,24 @@ impl ReadAhead {
         })
     }
 
-    /// Records kept read or being read ahead now.
-    pub(super) fn depth(&self) -> usize {
-        depth_of(&crate::lock(&self.inner), self.batch)
+    /// Records kept read or being read ahead now (0 before the first
+    /// [`begin`](Self::begin)).
+    pub(crate) fn depth(&self) -> usize {
+        let i = crate::lock(&self.inner);
+        if i.order.is_empty() {
+            return 0;
+        }
+        depth_of(&i, self.batch, self.most)
     }
 
     /// Bytes of records read ahead and not yet taken.
-    pub(super) fn memory(&self) -> u64 {
+    pub(crate) fn memory(&self) -> u64 {
         crate::lock(&self.inner).bytes
     }
 
     /// Starts epoch generation `gen`, whose samples are taken in `order`:
     /// what was read for an earlier one is dropped.
-    pub(super) fn begin(self: &Arc<Self>, gen: u64, order: Vec<usize>) {
+    pub(crate) fn begin(self: &Arc<Self>, gen: u64, order: Vec<usize>) {
         let mut i = crate::lock(&self.inner);
         i.gen = gen;
         i.order = order;
@@ -152,7 +163,7 @@ impl ReadAhead {
 
     /// Starts reads at the cursor until the depth is reached.
     fn top_up(self: &Arc<Self>, i: &mut Inner) {
-        let depth = depth_of(i, self.batch);
+        let depth = depth_of(i, self.batch, self.most);
         while i.slots.len() < depth && i.cursor < i.order.len() {
             let index = i.order[i.cursor];
             i.cursor += 1;
@@ -195,7 +206,7 @@ impl ReadAhead {
     /// The record of sample `index` (and how many times its read was
     /// retried) when it was read ahead, waiting for a read in flight; `None` when it was not (nor will be: the caller
     /// reads it) or `cancel` is set while waiting.
-    pub(super) fn take(
+    pub(crate) fn take(
         self: &Arc<Self>,
         index: usize,
         cancel: &AtomicBool,
@@ -236,7 +247,7 @@ impl ReadAhead {
 
     /// Drops what was read (or is being read) for `index`: a worker got
     /// the sample elsewhere (the loader's cache).
-    pub(super) fn discard(self: &Arc<Self>, index: usize) {
+    pub(crate) fn discard(self: &Arc<Self>, index: usize) {
         let mut i = crate::lock(&self.inner);
         if let Some(Slot::Done(Ok(r), _)) = i.slots.remove(&index) {
             i.bytes = i.bytes.saturating_sub(record_bytes(&r));

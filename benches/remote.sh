@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Remote vs local through `wick bench`, on the same shards: nginx serves
+# them on loopback behind `slow-proxy`, which holds every request DELAY ms
+# and caps each connection at MBPS MB/s, so the loader sees a remote store.
+# Usage: benches/remote.sh [ROUNDS] [COUNT] [DELAY_MS] [MBPS]
+# (defaults 3, 2000 ImageNet-like JPEGs, 20 ms, 100 MB/s). Needs nginx.
+# Rounds run the cases in turn so machine noise hits them alike; each cell
+# is the median over rounds of `wick bench`'s median of 3 epochs, at the
+# same worker count (all cores); CPU is the process's CPU time over wall
+# time (cores busy), the median over rounds of each run's median epoch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+count=${2:-2000}
+delay=${3:-20}
+mbps=${4:-100}
+workers=$(nproc)
+cargo build --release -q -p candle-wick --features cli
+cargo build --release -q -p benches --bin make-dataset --bin slow-proxy
+src=$(./target/release/make-dataset "$count")
+out=target/bench-data/remote-$count
+w=./target/release/wick
+if [ ! -f "$out/.done" ]; then
+  rm -rf "$out"
+  $w convert "$src" "$out/wds" --format wds --shard-size 256 >/dev/null
+  $w convert "$src" "$out/tfrecord" --format tfrecord --shard-size 256 >/dev/null
+  touch "$out/.done"
+fi
+tmp=$(mktemp -d)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+nginx_port=$(port)
+proxy_port=$(port)
+user=""
+[ "$(id -u)" = 0 ] && user="user root;"
+cat > "$tmp/nginx.conf" <<EOF
+$user master_process off; daemon off; pid $tmp/nginx.pid; error_log $tmp/error.log;
+events { worker_connections 2048; }
+http { access_log off; client_body_temp_path $tmp/body; proxy_temp_path $tmp/proxy;
+  fastcgi_temp_path $tmp/fcgi; uwsgi_temp_path $tmp/uwsgi; scgi_temp_path $tmp/scgi;
+  keepalive_requests 100000;
+  server { listen 127.0.0.1:$nginx_port; root $(realpath "$out"); } }
+EOF
+nginx -p "$tmp" -c "$tmp/nginx.conf" &
+nginx_pid=$!
+./target/release/slow-proxy "127.0.0.1:$proxy_port" "127.0.0.1:$nginx_port" "$delay" "$mbps" > "$tmp/proxy.out" &
+proxy_pid=$!
+trap 'kill $nginx_pid $proxy_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 100); do
+  grep -q ready "$tmp/proxy.out" 2>/dev/null && curl -s -o /dev/null "http://127.0.0.1:$nginx_port/" && break
+  sleep 0.1
+done
+# HTTP lists nothing: the shards are named with brace ranges.
+http="http://127.0.0.1:$proxy_port"
+wds_n=$(find "$out/wds" -name 'data-*.tar' | wc -l)
+wds_range="wds/data-{000000..$(printf %06d $((wds_n - 1)))}.tar"
+tf_n=$(find "$out/tfrecord" -name 'data-*.tfrecord' | wc -l)
+tf_range="tfrecord/data-{00000..$(printf %05d $((tf_n - 1)))}-of-$(printf %05d "$tf_n").tfrecord"
+for f in "$out/wds/data-000000.tar" "$out/tfrecord/data-00000-of-$(printf %05d "$tf_n").tfrecord"; do
+  [ -f "$f" ] || { echo "unexpected shard names: no $f" >&2; exit 1; }
+done
+stream="--interleave 4,1 --shuffle-buffer 1024"
+cases=(
+  "WebDataset, random access|local|$out/wds|"
+  "WebDataset, random access|remote|$http/$wds_range|"
+  "WebDataset, stream|local|$out/wds|$stream"
+  "WebDataset, stream|remote|$http/$wds_range|$stream"
+  "TFRecord, random access|local|$out/tfrecord|"
+  "TFRecord, random access|remote|$http/$tf_range|"
+)
+for r in $(seq 1 "$rounds"); do
+  for i in "${!cases[@]}"; do
+    IFS='|' read -r name where data extra <<< "${cases[$i]}"
+    # shellcheck disable=SC2086
+    $w bench "$data" --json --workers "$workers" $extra | python3 -c '
+import json, statistics, sys
+r = json.load(sys.stdin)
+print(r["median_images_per_sec"], statistics.median(r["epoch_cpu_cores"]), r["read_ahead"])' >> "$tmp/$i"
+  done
+  echo "round $r done" >&2
+done
+python3 - "$tmp" "$delay" "$mbps" "$workers" "${#cases[@]}" "${cases[@]}" <<'PY'
+import statistics, sys
+tmp, delay, mbps, workers, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+cases = [c.split("|") for c in sys.argv[6:6 + n]]
+rows = []
+for i, (name, where, _, _) in enumerate(cases):
+    vals = [tuple(map(float, l.split())) for l in open(f"{tmp}/{i}")]
+    rows.append((name, where, statistics.median(v[0] for v in vals),
+                 statistics.median(v[1] for v in vals), max(v[2] for v in vals), len(vals)))
+print(f"| case | local images/s | remote images/s | remote/local | CPU cores local | remote | read-ahead |")
+print(f"|---|---:|---:|---:|---:|---:|---:|")
+for j in range(0, len(rows), 2):
+    (name, _, li, lc, _, k), (_, _, ri, rc, ra, _) = rows[j], rows[j + 1]
+    print(f"| {name} | {li:,.0f} | {ri:,.0f} | {ri / li:.2f} | {lc:.2f} | {rc:.2f} | {ra:.0f} |")
+print(f"(HTTP through nginx, {delay} ms added per request, {mbps} MB/s per connection; "
+      f"{workers} workers; median of {k} rounds, each the median of 3 epochs)")
+PY
