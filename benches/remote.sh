@@ -14,7 +14,10 @@ rounds=${1:-3}
 count=${2:-2000}
 delay=${3:-20}
 mbps=${4:-100}
-workers=$(nproc)
+# Worker counts compared: all cores, and all but one (a core left for
+# the I/O of the remote run, and for the server and proxy on this machine).
+all=$(nproc)
+worker_counts=${WORKERS:-"$all $((all > 1 ? all - 1 : 1))"}
 cargo build --release -q -p candle-wick --features cli
 cargo build --release -q -p benches --bin make-dataset --bin slow-proxy
 src=$(./target/release/make-dataset "$count")
@@ -59,29 +62,32 @@ for f in "$out/wds/data-000000.tar" "$out/tfrecord/data-00000-of-$(printf %05d "
   [ -f "$f" ] || { echo "unexpected shard names: no $f" >&2; exit 1; }
 done
 stream="--interleave 4,1 --shuffle-buffer 1024"
-cases=(
-  "WebDataset, random access|local|$out/wds|"
-  "WebDataset, random access|remote|$http/$wds_range|"
-  "WebDataset, stream|local|$out/wds|$stream"
-  "WebDataset, stream|remote|$http/$wds_range|$stream"
-  "TFRecord, random access|local|$out/tfrecord|"
-  "TFRecord, random access|remote|$http/$tf_range|"
-)
+cases=()
+for wk in $worker_counts; do
+  cases+=(
+    "WebDataset, random access, $wk workers|local|$out/wds|--workers $wk"
+    "WebDataset, random access, $wk workers|remote|$http/$wds_range|--workers $wk"
+    "WebDataset, stream interleave(4,1), $wk workers|local|$out/wds|--workers $wk $stream"
+    "WebDataset, stream interleave(4,1), $wk workers|remote|$http/$wds_range|--workers $wk $stream"
+    "TFRecord, random access, $wk workers|local|$out/tfrecord|--workers $wk"
+    "TFRecord, random access, $wk workers|remote|$http/$tf_range|--workers $wk"
+  )
+done
 for r in $(seq 1 "$rounds"); do
   for i in "${!cases[@]}"; do
     IFS='|' read -r name where data extra <<< "${cases[$i]}"
     # shellcheck disable=SC2086
-    $w bench "$data" --json --workers "$workers" $extra | python3 -c '
+    $w bench "$data" --json $extra | python3 -c '
 import json, statistics, sys
 r = json.load(sys.stdin)
 print(r["median_images_per_sec"], statistics.median(r["epoch_cpu_cores"]), r["read_ahead"])' >> "$tmp/$i"
   done
   echo "round $r done" >&2
 done
-python3 - "$tmp" "$delay" "$mbps" "$workers" "${#cases[@]}" "${cases[@]}" <<'PY'
+python3 - "$tmp" "$delay" "$mbps" "${#cases[@]}" "${cases[@]}" <<'PY'
 import statistics, sys
-tmp, delay, mbps, workers, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-cases = [c.split("|") for c in sys.argv[6:6 + n]]
+tmp, delay, mbps, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cases = [c.split("|") for c in sys.argv[5:5 + n]]
 rows = []
 for i, (name, where, _, _) in enumerate(cases):
     vals = [tuple(map(float, l.split())) for l in open(f"{tmp}/{i}")]
@@ -93,5 +99,5 @@ for j in range(0, len(rows), 2):
     (name, _, li, lc, _, k), (_, _, ri, rc, ra, _) = rows[j], rows[j + 1]
     print(f"| {name} | {li:,.0f} | {ri:,.0f} | {ri / li:.2f} | {lc:.2f} | {rc:.2f} | {ra:.0f} |")
 print(f"(HTTP through nginx, {delay} ms added per request, {mbps} MB/s per connection; "
-      f"{workers} workers; median of {k} rounds, each the median of 3 epochs)")
+      f"median of {k} rounds, each the median of 3 epochs)")
 PY

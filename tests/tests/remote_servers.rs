@@ -340,6 +340,119 @@ fn a_killed_http_server_is_retried_and_a_restarted_one_loses_nothing() {
     }
 }
 
+/// `kill -STOP` / `-CONT` on a server.
+fn signal(server: &Server, sig: &str) {
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// An S3 server paused mid-epoch (SIGSTOP: connections open, no answer):
+/// requests time out and are retried; resumed within a second, the epoch
+/// finishes with the local batches; left paused, it fails with an error
+/// naming the object, in bounded time. Random access (read ahead) and
+/// streaming both.
+#[test]
+fn a_paused_s3_server_is_waited_for_and_then_named() {
+    if !have("moto_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let folder = data.join("folder");
+    image_folder(&folder, 4, 15);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        shard_size: 15,
+        ..Default::default()
+    };
+    convert(&source, &data.join("wds"), &opts, &|_| {}).unwrap();
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-paused", &data);
+    // A short request timeout, so a pause is seen within seconds.
+    candle_wick::storage::configure(
+        "s3://wick-paused",
+        [
+            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "test".into()),
+            ("aws_secret_access_key", "test".into()),
+            ("aws_region", "us-east-1".into()),
+            ("timeout", "1s".into()),
+        ],
+    );
+    for stream in [true, false] {
+        let local = batches(&data.join("wds"), stream, 0).unwrap();
+        for resume in [false, true] {
+            let url = PathBuf::from("s3://wick-paused/wds/");
+            let mut b = Loader::builder(open_path(&url).unwrap())
+                .batch_size(5)
+                .image_size(16)
+                .output(Output::U8Nhwc)
+                .shuffle(4)
+                .workers(1)
+                .prefetch(1)
+                .batches_in_flight(1)
+                .retry(if resume { 20 } else { 1 });
+            if stream {
+                b = b.interleave(2, 1);
+            }
+            let mut loader = b.build().unwrap();
+            let mut got = Vec::new();
+            let mut failed = None;
+            let t = Instant::now();
+            // Paused (and resumed 0.7 s later, on a thread): a stream as its
+            // epoch starts (its shards' reads buffer the rest of this small
+            // set at once), random access after the first batch.
+            let pause = || {
+                signal(&s3, "-STOP");
+                let pid = s3.child.id().to_string();
+                resume.then(|| {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(700));
+                        Command::new("kill").args(["-CONT", &pid]).status()
+                    })
+                })
+            };
+            let mut resumer = stream.then(pause).flatten();
+            for (i, b) in loader.epoch(1).enumerate() {
+                match b {
+                    Ok(b) => got.push((b.indices.clone(), labels(&b), pixels(&b))),
+                    Err(e) => {
+                        failed = Some(candle_wick::error_chain(&e));
+                        break;
+                    }
+                }
+                if i == 0 && !stream {
+                    resumer = pause();
+                }
+            }
+            if let Some(r) = resumer {
+                r.join().unwrap().unwrap();
+            }
+            signal(&s3, "-CONT");
+            let case = format!("stream {stream}, resumed {resume}");
+            if resume {
+                assert_eq!(failed, None, "{case}");
+                assert_eq!(got, local, "{case}: nothing lost");
+            } else {
+                let msg =
+                    failed.unwrap_or_else(|| panic!("{case}: a paused server fails the epoch"));
+                assert!(msg.contains("s3://wick-paused/wds/data-"), "{case}: {msg}");
+                assert!(
+                    t.elapsed() < Duration::from_secs(120),
+                    "{case}: {:?}",
+                    t.elapsed()
+                );
+            }
+        }
+    }
+}
+
 /// 4 rank processes (torchrun variables) read WebDataset shards from S3,
 /// endpoint and credentials from the `AWS_*` variables: disjoint, complete
 /// and equal shares.

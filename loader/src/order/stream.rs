@@ -406,7 +406,9 @@ fn shard_stream(
                 )
                 .map(move |(i, r)| (i, r.unwrap_or_else(|| Err(gap(i))))),
         ),
-        Ok(None) if source.is_remote() => produced(source.clone(), range, parts, retry),
+        Ok(None) if source.is_remote() => {
+            produced(source.clone(), (range, &info.path), parts, retry)
+        }
         Ok(None) => {
             let source = source.clone();
             Box::new(range.map(move |i| {
@@ -442,12 +444,18 @@ const SHARDS_AHEAD: usize = 2;
 /// record, and the reads of the shards in the cycle (and the next ones)
 /// overlap instead of each stalling the interleave. The thread ends with
 /// the shard, when the stream is dropped, or when the epoch is.
+///
+/// A record whose read still fails with a transient error after the
+/// retries (the store is unreachable or paused) loses the rest of the
+/// shard: its later records fail at once, naming it, rather than each
+/// waiting out its own retries.
 fn produced(
     source: Arc<dyn Source>,
-    range: std::ops::Range<usize>,
+    (range, path): (std::ops::Range<usize>, &std::path::Path),
     parts: Arc<Parts>,
     retry: Retry,
 ) -> Box<dyn Iterator<Item = Streamed> + Send> {
+    let path = path.to_path_buf();
     let (tx, rx) = crossbeam_channel::bounded(STREAM_BUFFER);
     let all = range.clone();
     let run = move || {
@@ -457,9 +465,22 @@ fn produced(
             cancel,
             on_retry,
         } = &retry;
+        let mut lost: Option<String> = None;
         for i in range {
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
+            }
+            if let Some(why) = &lost {
+                let e = Error::Shard {
+                    path: path.clone(),
+                    offset: 0,
+                    reason: format!("not read: {why}"),
+                    source: None,
+                };
+                if tx.send((i, Err(e))).is_err() {
+                    break;
+                }
+                continue;
             }
             let read = || {
                 read_retrying(
@@ -483,6 +504,17 @@ fn produced(
                     })
                 })
             });
+            // Failed for good on a transient cause: tried `retries` more
+            // times (`Retried`), or not to be retried at all.
+            let gone = |e: &Error| matches!(e, Error::Retried { .. }) || e.is_transient();
+            if let Err(e) = record.as_ref().map_err(|e| (gone(e), e)) {
+                if e.0 {
+                    let chain = crate::error_chain(e.1);
+                    lost = Some(format!(
+                        "record {i} of the shard failed after its retries: {chain}"
+                    ));
+                }
+            }
             if tx.send((i, record)).is_err() {
                 break;
             }
