@@ -73,14 +73,19 @@ for wk in $worker_counts; do
     "TFRecord, random access, $wk workers|remote|$http/$tf_range|--workers $wk"
   )
 done
+# CPU seconds the server side (nginx and the proxy) has used so far.
+server_cpu() { awk '{ s += ($14 + $15) } END { printf "%.2f", s / 100 }' "/proc/$nginx_pid/stat" "/proc/$proxy_pid/stat"; }
 for r in $(seq 1 "$rounds"); do
   for i in "${!cases[@]}"; do
     IFS='|' read -r name where data extra <<< "${cases[$i]}"
+    before=$(server_cpu); t0=$(date +%s.%N)
     # shellcheck disable=SC2086
-    $w bench "$data" --json $extra | python3 -c '
+    report=$($w bench "$data" --json $extra)
+    server=$(python3 -c "print(($(server_cpu) - $before) / ($(date +%s.%N) - $t0))")
+    echo "$report" | python3 -c '
 import json, statistics, sys
 r = json.load(sys.stdin)
-print(r["median_images_per_sec"], statistics.median(r["epoch_cpu_cores"]), r["read_ahead"])' >> "$tmp/$i"
+print(r["median_images_per_sec"], statistics.median(r["epoch_cpu_cores"]), r["read_ahead"], sys.argv[1])' "$server" >> "$tmp/$i"
   done
   echo "round $r done" >&2
 done
@@ -92,12 +97,13 @@ rows = []
 for i, (name, where, _, _) in enumerate(cases):
     vals = [tuple(map(float, l.split())) for l in open(f"{tmp}/{i}")]
     rows.append((name, where, statistics.median(v[0] for v in vals),
-                 statistics.median(v[1] for v in vals), max(v[2] for v in vals), len(vals)))
-print(f"| case | local images/s | remote images/s | remote/local | CPU cores local | remote | read-ahead |")
-print(f"|---|---:|---:|---:|---:|---:|---:|")
+                 statistics.median(v[1] for v in vals), max(v[2] for v in vals),
+                 statistics.median(v[3] for v in vals), len(vals)))
+print("| case | local images/s | remote images/s | remote/local | wick cores local | remote | server+proxy cores | read-ahead |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for j in range(0, len(rows), 2):
-    (name, _, li, lc, _, k), (_, _, ri, rc, ra, _) = rows[j], rows[j + 1]
-    print(f"| {name} | {li:,.0f} | {ri:,.0f} | {ri / li:.2f} | {lc:.2f} | {rc:.2f} | {ra:.0f} |")
+    (name, _, li, lc, _, _, k), (_, _, ri, rc, ra, sc, _) = rows[j], rows[j + 1]
+    print(f"| {name} | {li:,.0f} | {ri:,.0f} | {ri / li:.2f} | {lc:.2f} | {rc:.2f} | {sc:.2f} | {ra:.0f} |")
 print(f"(HTTP through nginx, {delay} ms added per request, {mbps} MB/s per connection; "
       f"median of {k} rounds, each the median of 3 epochs)")
 PY

@@ -91,6 +91,57 @@ fn convert_writes_every_format_and_bench_reads_it() {
     }
 }
 
+/// `wick convert`, `wick inspect` and `wick bench` take URLs: shards
+/// uploaded to a `file://` URL (the object-store path `s3://` takes after
+/// its store; tests/remote_servers.rs writes to S3) are inspected and
+/// benched there, as is an image folder at a URL.
+#[cfg(feature = "remote")]
+#[test]
+fn convert_inspect_and_bench_take_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10u8 {
+        write_png(
+            &dir.path().join(format!("folder/c{}/{i}.png", i % 2)),
+            i * 20,
+        );
+    }
+    let url = |p: &std::path::Path| format!("file://{}/", p.display());
+    let up = url(&dir.path().join("up"));
+    let out = succeed(
+        Command::new(env!("CARGO_BIN_EXE_wick"))
+            .arg("convert")
+            .arg(dir.path().join("folder"))
+            .arg(&up)
+            .args(["--format", "tfrecord", "--shard-size", "4"]),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("wrote 10 records in 3 shards to file://"),
+        "{stdout}"
+    );
+    let mut uploaded: Vec<String> = std::fs::read_dir(dir.path().join("up"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    uploaded.sort();
+    assert_eq!(uploaded.len(), 3, "{uploaded:?}");
+    assert!(uploaded[0].ends_with("-of-00003.tfrecord"), "{uploaded:?}");
+    for data in [up.clone(), url(&dir.path().join("folder"))] {
+        let out = succeed(
+            Command::new(env!("CARGO_BIN_EXE_wick"))
+                .args(["inspect", "--json"])
+                .arg(&data),
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["images"], 10, "{data}: {r}");
+        let r = bench_json_with(
+            std::path::Path::new(&data),
+            &["--image-size", "8", "--epochs", "1"],
+        );
+        assert_eq!(r["samples"], 10, "{data}: {r}");
+    }
+}
+
 /// `wick bench DATA --batch-size 4 --json` plus `extra`.
 fn bench_json_with(data: &std::path::Path, extra: &[&str]) -> serde_json::Value {
     let out = succeed(

@@ -340,6 +340,58 @@ fn a_killed_http_server_is_retried_and_a_restarted_one_loses_nothing() {
     }
 }
 
+/// `convert` writes shards (and a TFRecord's index) to S3, and they read
+/// back as the same shards converted to local disk.
+#[test]
+fn convert_uploads_shards_to_s3() {
+    if !have("moto_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    image_folder(&folder, 3, 9);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-up", &folder);
+    candle_wick::storage::configure(
+        "s3://wick-up",
+        [
+            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "test".into()),
+            ("aws_secret_access_key", "test".into()),
+            ("aws_region", "us-east-1".into()),
+        ],
+    );
+    for (name, format) in [
+        ("tf", ShardFormat::TfRecord),
+        ("wds", ShardFormat::WebDataset),
+        ("st", ShardFormat::SafetensorsEncoded),
+    ] {
+        let opts = ConvertOptions {
+            format,
+            shard_size: 7,
+            ..Default::default()
+        };
+        let local = dir.path().join(name);
+        convert(&source, &local, &opts, &|_| {}).unwrap();
+        let url = PathBuf::from(format!("s3://wick-up/shards/{name}/"));
+        let written = convert(&source, &url, &opts, &|_| {}).unwrap();
+        assert_eq!(written.len(), 4, "{written:?}");
+        assert!(written[0]
+            .to_string_lossy()
+            .starts_with("s3://wick-up/shards/"));
+        for stream in [false, true] {
+            let want = batches(&local, stream, 0).unwrap();
+            assert_eq!(
+                batches(&url, stream, 0).unwrap(),
+                want,
+                "{name} stream {stream}"
+            );
+        }
+    }
+}
+
 /// `kill -STOP` / `-CONT` on a server.
 fn signal(server: &Server, sig: &str) {
     let pid = server.child.id().to_string();

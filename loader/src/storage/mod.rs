@@ -448,6 +448,12 @@ pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8
     Ok(bytes)
 }
 
+/// Writes the local file `local` as the object at `url` (one PUT, or a
+/// multipart upload for a large file); the error names the URL.
+pub(crate) fn upload(local: &Path, url: &Path) -> Result<()> {
+    remote::upload(local, url_of(url))
+}
+
 /// Every object under the URL prefix `url`, as URLs, sorted.
 pub(crate) fn list_all(url: &str) -> Result<Vec<String>> {
     remote::list(url)

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -398,4 +398,67 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
         .collect();
     urls.sort();
     Ok(urls)
+}
+
+/// Bytes over which an upload goes in parts (S3 multipart and the like).
+const ONE_PUT: u64 = 32 << 20;
+
+/// Writes the local file `local` as the object `url`: one PUT, or a
+/// multipart upload of 16 MiB parts (4 in flight) for a larger file.
+pub(crate) fn upload(local: &std::path::Path, url: &str) -> Result<()> {
+    upload_in(local, url, (ONE_PUT, 16 << 20))
+}
+
+/// [`upload`] with the one-PUT limit and the part size given.
+fn upload_in(local: &std::path::Path, url: &str, (one_put, part): (u64, usize)) -> Result<()> {
+    let (store, path) = store(url)?;
+    let (local, owned_url) = (local.to_path_buf(), url.to_string());
+    block_on(async move {
+        let io = |source| Error::Io {
+            path: local.clone(),
+            source,
+        };
+        let failed = |e| remote_error(&owned_url, "cannot write the object", e);
+        let len = std::fs::metadata(&local).map_err(io)?.len();
+        if len <= one_put {
+            let bytes = std::fs::read(&local).map_err(io)?;
+            store.put(&path, bytes.into()).await.map_err(failed)?;
+            return Ok(());
+        }
+        let parts = store.put_multipart(&path).await.map_err(failed)?;
+        let mut w = WriteMultipart::new_with_chunk_size(parts, part);
+        let mut file = std::fs::File::open(&local).map_err(io)?;
+        let mut buf = vec![0; part.div_ceil(2)];
+        loop {
+            let n = std::io::Read::read(&mut file, &mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            w.wait_for_capacity(4).await.map_err(failed)?;
+            w.write(&buf[..n]);
+        }
+        w.finish().await.map_err(failed)?;
+        Ok(())
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    /// An upload in one PUT and in parts (small limits here) writes the
+    /// file's bytes, and an upload to a bad URL names it.
+    #[test]
+    fn uploads_write_the_file_whole_and_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("shard.bin");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&local, &data).unwrap();
+        for (name, limits) in [("one", (1 << 20, 1 << 20)), ("parts", (1000, 7000))] {
+            let url = format!("file://{}/up/{name}.bin", dir.path().display());
+            super::upload_in(&local, &url, limits).unwrap();
+            let got = std::fs::read(dir.path().join("up").join(format!("{name}.bin"))).unwrap();
+            assert!(got == data, "{name}");
+        }
+        let err = super::upload(&local, "nope://x/y").unwrap_err();
+        assert!(err.to_string().contains("nope://x/y"), "{err}");
+    }
 }

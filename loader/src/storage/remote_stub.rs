@@ -55,3 +55,7 @@ pub(crate) fn get_whole(url: &str, _max: u64) -> Result<std::result::Result<Vec<
 pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     Err(missing(url))
 }
+
+pub(crate) fn upload(_local: &std::path::Path, url: &str) -> Result<()> {
+    Err(missing(url))
+}

@@ -71,7 +71,9 @@ struct Prepared {
 }
 
 /// Writes `source` as shards in `dst` (created if missing) and returns
-/// their paths. Records keep the source's order. `progress` is called with
+/// their paths. Records keep the source's order. `dst` may be a URL
+/// (`s3://bucket/train/`, `gs://..`, `az://..`, `file://..`): each shard
+/// is written to a temporary local folder, uploaded, and deleted there. `progress` is called with
 /// the number of records written so far.
 pub fn convert(
     source: &dyn Source,
@@ -85,10 +87,54 @@ pub fn convert(
     if opts.max_side == Some(0) {
         return Err(Error::InvalidConfig("max_side must be at least 1".into()));
     }
-    std::fs::create_dir_all(dst).map_err(|source| Error::Io {
-        path: dst.to_path_buf(),
+    // A URL (`s3://bucket/train/`): each shard is written to a temporary
+    // local folder, uploaded (with its index) and deleted there.
+    let remote = crate::storage::is_url(dst);
+    let local = if remote {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        std::env::temp_dir().join(format!("wick-convert-{}-{nanos}", std::process::id()))
+    } else {
+        dst.to_path_buf()
+    };
+    std::fs::create_dir_all(&local).map_err(|source| Error::Io {
+        path: local.clone(),
         source,
     })?;
+    if !remote {
+        return convert_into(source, &local, opts, progress, &mut |p| Ok(p.to_path_buf()));
+    }
+    let base = crate::storage::url_of(dst)
+        .trim_end_matches('/')
+        .to_string();
+    let mut up = |shard: &Path| -> Result<PathBuf> {
+        // A TFRecord index (`.idx`) beside its shard goes up too.
+        let idx = crate::source::tfrecord::index_path(shard);
+        for file in [shard, &idx] {
+            if file.exists() {
+                let name = file.file_name().unwrap_or_default().to_string_lossy();
+                crate::storage::upload(file, Path::new(&format!("{base}/{name}")))?;
+                let _ = std::fs::remove_file(file);
+            }
+        }
+        let name = shard.file_name().unwrap_or_default().to_string_lossy();
+        Ok(PathBuf::from(format!("{base}/{name}")))
+    };
+    let uploaded = convert_into(source, &local, opts, progress, &mut up);
+    let _ = std::fs::remove_dir_all(&local);
+    uploaded
+}
+
+/// [`convert`] into the local folder `dst`; `placed` is given each shard
+/// written and returns where it ends up.
+fn convert_into(
+    source: &dyn Source,
+    dst: &Path,
+    opts: &ConvertOptions,
+    progress: &(dyn Fn(usize) + Sync),
+    placed: &mut dyn FnMut(&Path) -> Result<PathBuf>,
+) -> Result<Vec<PathBuf>> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
         .thread_name(|i| format!("wick-convert-{i}"))
@@ -127,7 +173,7 @@ pub fn convert(
             _ => format!("{}-{shard:05}.safetensors", opts.prefix),
         });
         write_shard(&path, opts.format, shard * opts.shard_size, &records)?;
-        paths.push(path);
+        paths.push(placed(&path)?);
     }
     Ok(paths)
 }

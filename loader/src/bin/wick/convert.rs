@@ -11,7 +11,8 @@ use std::time::Instant;
 pub(crate) struct ConvertArgs {
     /// The dataset to read (any format `wick bench` reads).
     pub(crate) src: PathBuf,
-    /// Folder for the shards (created if missing).
+    /// Folder for the shards (created if missing), or a URL to upload them
+    /// to (`s3://bucket/train/`, `gs://..`, `az://..`, `file://..`).
     pub(crate) dst: PathBuf,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutFormat::Tfrecord)]
@@ -82,11 +83,16 @@ pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Err
         .filter_map(|p| std::fs::metadata(p).ok())
         .map(|m| m.len())
         .sum();
+    // Uploaded shards (a URL) have no local size to print.
+    let size = if candle_wick::storage::is_url(&a.dst) {
+        String::new()
+    } else {
+        format!(" ({:.1} MB)", bytes as f64 / 1e6)
+    };
     println!(
-        "wrote {} records in {} shards ({:.1} MB) to {} in {:.1?}",
+        "wrote {} records in {} shards{size} to {} in {:.1?}",
         source.len(),
         paths.len(),
-        bytes as f64 / 1e6,
         a.dst.display(),
         t.elapsed()
     );

@@ -2,7 +2,8 @@
 //! says what is in it and what is bad.
 //!
 //! DATA is shards (TFRecord, WebDataset tar, safetensors: a file or a
-//! folder of them) or a file list, read through the loader's own sources;
+//! folder of them), a file list, or any of them (or an image folder) at a
+//! URL, read through the loader's own sources;
 //! or a folder, whose every file is inspected: the folder is walked
 //! without following links to folders (no link loop can trap it), and a
 //! file that cannot be read (no permission, a dangling or looping link) is
@@ -239,7 +240,11 @@ fn is_source(path: &Path) -> bool {
         ".tar",
         ".safetensors",
     ];
-    shards.iter().any(|s| shard_paths(path, &[s]).is_ok()) || path.is_file()
+    // A URL (`s3://bucket/train/`) is read through the sources too: an
+    // image folder there is listed and read as the loader reads it.
+    candle_wick::storage::is_url(path)
+        || shards.iter().any(|s| shard_paths(path, &[s]).is_ok())
+        || path.is_file()
 }
 
 pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>> {

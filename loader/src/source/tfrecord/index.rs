@@ -7,7 +7,7 @@ use crate::storage::BlobReader;
 use std::path::{Path, PathBuf};
 
 /// `<shard>.idx`.
-pub(super) fn index_path(path: &Path) -> PathBuf {
+pub(crate) fn index_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".idx");
     PathBuf::from(p)

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::storage::{Blob, BlobReader};
 use example::parse_example;
 use framing::{check_record, scan, RecordReader};
-use index::{index_path, read_index_file, write_index_file};
+pub(crate) use index::index_path;
+use index::{read_index_file, write_index_file};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
