@@ -197,3 +197,52 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A token file at a URL is fetched whole and mapped: the same tokens and
+/// windows as the local file; with a remote cache directory its copy is
+/// kept there; a missing one is an error naming its URL.
+#[test]
+fn token_files_read_from_a_url_like_the_local_file() {
+    use candle_wick::source::{TokenFile, TokenSource, WindowOrder};
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    let tokens: Vec<u8> = (0..5000u16).flat_map(|t| (t * 7).to_le_bytes()).collect();
+    std::fs::write(&path, &tokens).unwrap();
+    let windows = |f: TokenFile| {
+        let src = TokenSource::new(vec![f], 31, WindowOrder::NonOverlapping).unwrap();
+        (0..src.len())
+            .map(|i| src.read(i).unwrap().bytes)
+            .collect::<Vec<_>>()
+    };
+    let local = windows(TokenFile::open(&path).unwrap());
+    assert!(!local.is_empty());
+    // No cache: a temporary copy, deleted once mapped.
+    let remote = TokenFile::open(url(&path)).unwrap();
+    assert_eq!(remote.len(), 5000);
+    assert_eq!(windows(remote), local);
+    let temporary = format!("wick-object-{}-", std::process::id());
+    let left = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&temporary)
+        })
+        .count();
+    assert_eq!(left, 0, "the temporary copy is deleted once mapped");
+    // A cache directory keeps the copy; the file can then go from the store.
+    let cache_dir = dir.path().join("cache");
+    set_cache(&RemoteCache::memory(0).disk(&cache_dir, 1 << 30)).unwrap();
+    assert_eq!(windows(TokenFile::open(url(&path)).unwrap()), local);
+    assert_eq!(cached_bytes().1, tokens.len() as u64);
+    set_cache(&RemoteCache::default()).unwrap();
+    let missing = format!(
+        "file://{}/nope.bin",
+        dir.path().canonicalize().unwrap().display()
+    );
+    let err = candle_wick::error_chain(&TokenFile::open(&missing).unwrap_err());
+    assert!(err.contains(&missing) && err.contains("not found"), "{err}");
+}

@@ -400,13 +400,18 @@ fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
-/// The open file, its size and its mapping.
+/// The open file, its size and its mapping. A URL's object is fetched
+/// whole to a local file first (the remote cache's directory, when it has
+/// one, keeps it for later runs; else a temporary file, deleted once
+/// mapped: the mapping keeps its pages) and mapped from there.
 fn map(path: &Path) -> Result<(std::fs::File, u64, Mmap)> {
     if crate::storage::is_url(path) {
-        return Err(Error::InvalidConfig(format!(
-            "{path:?}: token files are memory-mapped from local disk; reading them from object \
-             storage is not supported yet (copy the file locally)"
-        )));
+        let (local, temporary) = crate::storage::local_copy(path)?;
+        let mapped = map(&local);
+        if temporary {
+            let _ = std::fs::remove_file(&local);
+        }
+        return mapped;
     }
     let (file, bytes) = open_shard(path)?;
     // SAFETY: the map is read-only and every access is bounds-checked

@@ -253,6 +253,31 @@ impl ObjectCache {
         crate::lock(&self.downloading).remove(&key);
     }
 
+    /// The file of object `key` (`len` bytes) in the directory, written by
+    /// `fetch` (to a temporary path) when missing; `None` without a
+    /// directory or when the object is over its limit.
+    pub(crate) fn file(
+        &self,
+        key: &str,
+        len: u64,
+        fetch: impl FnOnce(&Path) -> crate::Result<()>,
+    ) -> Option<crate::Result<PathBuf>> {
+        if let Some(path) = self.on_disk(key) {
+            return Some(Ok(path));
+        }
+        let tmp = self.download_path(key, len)?;
+        if let Err(e) = fetch(&tmp) {
+            let _ = std::fs::remove_file(&tmp);
+            return Some(Err(e));
+        }
+        self.store_file(key, &tmp, len);
+        Some(self.on_disk(key).ok_or_else(|| {
+            crate::Error::InvalidConfig(format!(
+                "{key}: downloaded into the remote cache's directory, but not found there"
+            ))
+        }))
+    }
+
     /// Keeps a whole object read anyway (a sample file's GET).
     pub(crate) fn store(&self, key: &str, bytes: &Bytes) {
         self.keep_in_memory(key, bytes);

@@ -448,6 +448,15 @@ pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8
     Ok(bytes)
 }
 
+/// A local file holding the object at `url` whole (for a format read as a
+/// local file: memory-mapped token files): the remote cache directory's
+/// file ([`RemoteCache::disk`], fetched into it when missing, reused
+/// after a restart), else a temporary file, `true`, that the caller
+/// deletes once it has opened it.
+pub(crate) fn local_copy(url: &Path) -> Result<(PathBuf, bool)> {
+    remote::local_copy(url_of(url))
+}
+
 /// Writes the local file `local` as the object at `url` (one PUT, or a
 /// multipart upload for a large file); the error names the URL.
 pub(crate) fn upload(local: &Path, url: &Path) -> Result<()> {

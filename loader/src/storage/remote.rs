@@ -462,3 +462,38 @@ mod tests {
         assert!(err.to_string().contains("nope://x/y"), "{err}");
     }
 }
+
+/// A local file holding the object `url` whole, to map or read as a local
+/// file: the remote cache's file when it has a directory (fetched into it
+/// when missing), else a new temporary file (`true`: the caller deletes
+/// it).
+pub(crate) fn local_copy(url: &str) -> Result<(std::path::PathBuf, bool)> {
+    let o = Object::open(url)?;
+    let fetch = |dest: &std::path::Path| -> Result<()> {
+        let (store, path, dest) = (o.store.clone(), o.path.clone(), dest.to_path_buf());
+        block_on(fetch_whole(store, path, o.len, Some(dest), false))?
+            .map(drop)
+            .map_err(|source| Error::Remote {
+                url: url.to_string(),
+                reason: "cannot download the object".into(),
+                transient: true,
+                source,
+            })
+    };
+    if let Some(cache) = super::cache::current() {
+        if let Some(file) = cache.file(&o.key, o.len, fetch) {
+            return file.map(|f| (f, false));
+        }
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = std::env::temp_dir().join(format!("wick-object-{}-{nanos}", std::process::id()));
+    match fetch(&tmp) {
+        Ok(()) => Ok((tmp, true)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}

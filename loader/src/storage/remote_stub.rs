@@ -59,3 +59,7 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
 pub(crate) fn upload(_local: &std::path::Path, url: &str) -> Result<()> {
     Err(missing(url))
 }
+
+pub(crate) fn local_copy(url: &str) -> Result<(std::path::PathBuf, bool)> {
+    Err(missing(url))
+}
