@@ -442,27 +442,6 @@ fn upload_in(local: &std::path::Path, url: &str, (one_put, part): (u64, usize)) 
     })?
 }
 
-#[cfg(test)]
-mod tests {
-    /// An upload in one PUT and in parts (small limits here) writes the
-    /// file's bytes, and an upload to a bad URL names it.
-    #[test]
-    fn uploads_write_the_file_whole_and_in_parts() {
-        let dir = tempfile::tempdir().unwrap();
-        let local = dir.path().join("shard.bin");
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
-        std::fs::write(&local, &data).unwrap();
-        for (name, limits) in [("one", (1 << 20, 1 << 20)), ("parts", (1000, 7000))] {
-            let url = format!("file://{}/up/{name}.bin", dir.path().display());
-            super::upload_in(&local, &url, limits).unwrap();
-            let got = std::fs::read(dir.path().join("up").join(format!("{name}.bin"))).unwrap();
-            assert!(got == data, "{name}");
-        }
-        let err = super::upload(&local, "nope://x/y").unwrap_err();
-        assert!(err.to_string().contains("nope://x/y"), "{err}");
-    }
-}
-
 /// A local file holding the object `url` whole, to map or read as a local
 /// file: the remote cache's file when it has a directory (fetched into it
 /// when missing), else a new temporary file (`true`: the caller deletes
@@ -495,5 +474,26 @@ pub(crate) fn local_copy(url: &str) -> Result<(std::path::PathBuf, bool)> {
             let _ = std::fs::remove_file(&tmp);
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// An upload in one PUT and in parts (small limits here) writes the
+    /// file's bytes, and an upload to a bad URL names it.
+    #[test]
+    fn uploads_write_the_file_whole_and_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("shard.bin");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&local, &data).unwrap();
+        for (name, limits) in [("one", (1 << 20, 1 << 20)), ("parts", (1000, 7000))] {
+            let url = format!("file://{}/up/{name}.bin", dir.path().display());
+            super::upload_in(&local, &url, limits).unwrap();
+            let got = std::fs::read(dir.path().join("up").join(format!("{name}.bin"))).unwrap();
+            assert!(got == data, "{name}");
+        }
+        let err = super::upload(&local, "nope://x/y").unwrap_err();
+        assert!(err.to_string().contains("nope://x/y"), "{err}");
     }
 }
