@@ -3,7 +3,7 @@
 # them on loopback behind `slow-proxy`, which holds every request DELAY ms
 # and caps each connection at MBPS MB/s, so the loader sees a remote store.
 # Usage: benches/remote.sh [ROUNDS] [COUNT] [DELAY_MS] [MBPS]
-# (defaults 3, 2000 ImageNet-like JPEGs, 20 ms, 100 MB/s). Needs nginx.
+# (defaults 3, 8000 ImageNet-like JPEGs, 20 ms, 100 MB/s). Needs nginx.
 # Rounds run the cases in turn so machine noise hits them alike; each cell
 # is the median over rounds of `wick bench`'s median of 3 epochs, at the
 # same worker count (all cores); CPU is the process's CPU time over wall
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
-count=${2:-2000}
+count=${2:-8000}
 delay=${3:-20}
 mbps=${4:-100}
 # Worker counts compared: all cores, and all but one (a core left for

@@ -126,6 +126,8 @@ mod book_doctests {
     struct Maps;
     #[doc = include_str!("../../docs/src/guide/ranks.md")]
     struct Ranks;
+    #[doc = include_str!("../../docs/src/guide/storage.md")]
+    struct Storage;
     #[doc = include_str!("../../docs/src/guide/resume.md")]
     struct Resume;
     #[doc = include_str!("../../docs/src/guide/bad-data.md")]

@@ -246,3 +246,90 @@ fn token_files_read_from_a_url_like_the_local_file() {
     let err = candle_wick::error_chain(&TokenFile::open(&missing).unwrap_err());
     assert!(err.contains(&missing) && err.contains("not found"), "{err}");
 }
+
+/// Remote shards are opened at once (on threads of their own): the
+/// damage found while indexing, the member extensions and the records are
+/// the same, in the same order, as opening the local files one by one.
+#[test]
+fn shards_opened_at_once_keep_their_order_and_damage() {
+    use candle_wick::source::{
+        ShardOptions, TfRecord, TfRecordOptions, WebDataset, WebDatasetOptions,
+    };
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    image_folder(&folder, 3, 8);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let skip = ShardOptions {
+        skip_damaged: true,
+        ..Default::default()
+    };
+    for (name, format) in [
+        ("wds", ShardFormat::WebDataset),
+        ("tf", ShardFormat::TfRecord),
+    ] {
+        let out = dir.path().join(name);
+        let opts = ConvertOptions {
+            format,
+            shard_size: 4,
+            ..Default::default()
+        };
+        let mut shards = convert(&source, &out, &opts, &|_| {}).unwrap();
+        // Shards 1 and 4 cut inside a record: damage in two of six.
+        for i in [1, 4] {
+            let len = std::fs::metadata(&shards[i]).unwrap().len();
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&shards[i])
+                .unwrap();
+            f.set_len(len - 700).unwrap();
+        }
+        shards.sort();
+        let urls: Vec<_> = shards.iter().map(|p| url(p)).collect();
+        let open = |paths: &[std::path::PathBuf]| -> Arc<dyn Source> {
+            match name {
+                "wds" => Arc::new(
+                    WebDataset::open_with(
+                        paths,
+                        WebDatasetOptions {
+                            shard: skip.clone(),
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap(),
+                ),
+                _ => Arc::new(
+                    TfRecord::open_with(
+                        paths,
+                        TfRecordOptions {
+                            shard: skip.clone(),
+                            read_index_files: false,
+                            write_index_files: false,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap(),
+                ),
+            }
+        };
+        let (local, remote) = (open(&shards), open(&urls));
+        let damaged = |s: &Arc<dyn Source>| -> Vec<(String, u64)> {
+            s.damage()
+                .iter()
+                .map(|d| {
+                    (
+                        d.path.file_name().unwrap().to_string_lossy().into_owned(),
+                        d.offset,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(damaged(&local).len(), 2, "{name}");
+        assert_eq!(damaged(&local), damaged(&remote), "{name}");
+        assert_eq!(local.len(), remote.len());
+        for i in 0..local.len() {
+            let (a, b) = (local.read(i).unwrap(), remote.read(i).unwrap());
+            assert_eq!((a.bytes, a.label), (b.bytes, b.label), "{name} record {i}");
+        }
+    }
+}

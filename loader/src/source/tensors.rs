@@ -111,9 +111,12 @@ impl SafetensorsShards {
     pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
         let mut set = ShardSet::default();
         let mut shards = Vec::new();
-        for path in paths {
-            let path = path.as_ref();
-            let shard = open_one(path)?;
+        let paths: Vec<PathBuf> = paths
+            .into_iter()
+            .map(|p| p.as_ref().to_path_buf())
+            .collect();
+        for (path, shard) in paths.iter().zip(super::shards::open_each(&paths, open_one)) {
+            let shard = shard?;
             set.push(path, shard.labels.len());
             shards.push(shard);
         }

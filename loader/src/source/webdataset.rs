@@ -125,17 +125,41 @@ impl WebDataset {
     ) -> Result<Self> {
         let mut set = ShardSet::default();
         let (mut files, mut samples, mut members) = (Vec::new(), Vec::new(), Vec::new());
-        let mut exts = Vec::new();
-        for path in paths {
-            let path = path.as_ref();
+        let mut exts: Vec<String> = Vec::new();
+        let paths: Vec<PathBuf> = paths
+            .into_iter()
+            .map(|p| p.as_ref().to_path_buf())
+            .collect();
+        // Each shard indexed on its own (at once when remote), with its own
+        // extensions and damage, merged in order below.
+        let opened = super::shards::open_each(&paths, |path| {
             let (file, len) = Blob::open(path)?;
-            let mut m = Members::default();
+            let (mut m, mut own_exts, mut own) =
+                (Members::default(), Vec::new(), ShardSet::default());
             let reader = file.reader(path, len);
-            let shard = index_shard(path, reader, len, &opts, &mut set, (&mut m, &mut exts))?;
+            let shard = index_shard(path, reader, len, &opts, &mut own, (&mut m, &mut own_exts))?;
+            Ok((file, shard, m, own_exts, own.damage))
+        });
+        for (path, opened) in paths.iter().zip(opened) {
+            let (file, shard, mut m, own_exts, damage) = opened?;
+            let ids: Vec<u32> = own_exts
+                .into_iter()
+                .map(|e| match exts.iter().position(|x| *x == e) {
+                    Some(i) => i as u32,
+                    None => {
+                        exts.push(e);
+                        exts.len() as u32 - 1
+                    }
+                })
+                .collect();
+            for member in &mut m.members {
+                member.ext = ids[member.ext as usize];
+            }
+            set.damage.extend(damage);
             set.push(path, shard.len());
             samples.push(shard);
             members.push(m);
-            files.push((path.to_path_buf(), file));
+            files.push((path.clone(), file));
         }
         Ok(Self {
             files,

@@ -205,19 +205,26 @@ pub(crate) struct Object {
 }
 
 impl Object {
-    /// Opens `url` (a HEAD request for its size).
+    /// Opens `url`: its size from the listing that just named it, else
+    /// from a HEAD request.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let (store, path) = store(url)?;
-        let (s, p) = (store.clone(), path.clone());
-        let meta = block_on(async move { s.head(&p).await })?
-            .map_err(|e| remote_error(url, "cannot read the object's size", e))?;
-        let tag = meta.e_tag.as_deref().unwrap_or_default();
+        let (size, tag) = match crate::lock(listed()).remove(url) {
+            Some(known) => known,
+            None => {
+                let (s, p) = (store.clone(), path.clone());
+                let meta = block_on(async move { s.head(&p).await })?
+                    .map_err(|e| remote_error(url, "cannot read the object's size", e))?;
+                (meta.size, meta.e_tag)
+            }
+        };
+        let tag = tag.as_deref().unwrap_or_default();
         Ok(Self {
             store,
             path,
             url: url.into(),
-            len: meta.size,
-            key: format!("{url}#{}#{tag}", meta.size).into(),
+            len: size,
+            key: format!("{url}#{size}#{tag}").into(),
         })
     }
 
@@ -389,15 +396,30 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     let metas: Vec<object_store::ObjectMeta> =
         block_on(async move { store.list(Some(&p)).try_collect().await })?
             .map_err(|e| remote_error(url, "cannot list the objects", e))?;
-    let mut urls: Vec<String> = metas
-        .into_iter()
-        .map(|m| match scheme {
+    let mut urls: Vec<String> = Vec::with_capacity(metas.len());
+    let mut seen = crate::lock(listed());
+    // Kept for the opens that follow a listing of shards; a huge listing
+    // (an image folder's files, read with GETs) is not kept.
+    let keep = metas.len() <= 100_000;
+    for m in metas {
+        let url = match scheme {
             "file" => format!("file:///{}", m.location),
             _ => format!("{root}/{}", m.location),
-        })
-        .collect();
+        };
+        // What the listing says stands in for a HEAD at the open that follows.
+        if keep {
+            seen.insert(url.clone(), (m.size, m.e_tag));
+        }
+        urls.push(url);
+    }
     urls.sort();
     Ok(urls)
+}
+
+/// Sizes and entity tags from listings, by URL, until an open takes them.
+fn listed() -> &'static Mutex<HashMap<String, (u64, Option<String>)>> {
+    static LISTED: OnceLock<Mutex<HashMap<String, (u64, Option<String>)>>> = OnceLock::new();
+    LISTED.get_or_init(Default::default)
 }
 
 /// Bytes over which an upload goes in parts (S3 multipart and the like).

@@ -133,8 +133,14 @@ impl TfRecord {
     ) -> Result<Self> {
         let mut set = ShardSet::default();
         let mut shards = Vec::new();
-        for path in paths {
-            let path = path.as_ref();
+        let paths: Vec<PathBuf> = paths
+            .into_iter()
+            .map(|p| p.as_ref().to_path_buf())
+            .collect();
+        // Each shard indexed on its own (at once when remote), with its own
+        // damage list, merged in order below.
+        let opened = super::shards::open_each(&paths, |path| {
+            let mut set = ShardSet::default();
             let compression = opts.compression.resolve(path);
             let (file, len) = Blob::open(path)?;
             let (records, count, file) = if compression == Compression::None {
@@ -173,14 +179,20 @@ impl TfRecord {
                 }
                 (Vec::new(), count, None)
             };
-            set.push(path, count);
-            shards.push(Shard {
+            let shard = Shard {
                 path: path.to_path_buf(),
                 compression,
                 file,
                 records,
                 count,
-            });
+            };
+            Ok((shard, set.damage))
+        });
+        for (path, opened) in paths.iter().zip(opened) {
+            let (shard, damage) = opened?;
+            set.damage.extend(damage);
+            set.push(path, shard.count);
+            shards.push(shard);
         }
         Ok(Self { shards, set, opts })
     }
