@@ -416,9 +416,12 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     Ok(urls)
 }
 
+/// An object's size and entity tag, by URL.
+type Metas = HashMap<String, (u64, Option<String>)>;
+
 /// Sizes and entity tags from listings, by URL, until an open takes them.
-fn listed() -> &'static Mutex<HashMap<String, (u64, Option<String>)>> {
-    static LISTED: OnceLock<Mutex<HashMap<String, (u64, Option<String>)>>> = OnceLock::new();
+fn listed() -> &'static Mutex<Metas> {
+    static LISTED: OnceLock<Mutex<Metas>> = OnceLock::new();
     LISTED.get_or_init(Default::default)
 }
 
