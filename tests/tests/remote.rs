@@ -260,10 +260,7 @@ fn shards_opened_at_once_keep_their_order_and_damage() {
     let folder = dir.path().join("folder");
     image_folder(&folder, 3, 8);
     let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
-    let skip = ShardOptions {
-        skip_damaged: true,
-        ..Default::default()
-    };
+    let skip = ShardOptions { skip_damaged: true };
     for (name, format) in [
         ("wds", ShardFormat::WebDataset),
         ("tf", ShardFormat::TfRecord),
