@@ -100,7 +100,8 @@ fn nginx(port: u16, root: &Path, prefix: &Path) -> Server {
          events {{ worker_connections 64; }}
          http {{ access_log off; client_body_temp_path {p}/body; proxy_temp_path {p}/proxy;
            fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;
-           server {{ listen 127.0.0.1:{port}; root {root}; }} }}",
+           server {{ listen 127.0.0.1:{port}; root {root};
+             location /private/ {{ return 403; }} }} }}",
         user = if is_root { "user root; " } else { "" },
         p = prefix.display(),
         root = root.display()
@@ -389,6 +390,63 @@ fn convert_uploads_shards_to_s3() {
                 "{name} stream {stream}"
             );
         }
+    }
+}
+
+/// A bucket that does not exist (S3) and an object the server refuses
+/// (HTTP 403) fail at once, not after retries, with errors that name the
+/// URL and say what is wrong.
+#[test]
+fn a_missing_bucket_and_a_refused_object_are_named() {
+    if !have("moto_server") || !have("nginx") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("private")).unwrap();
+    std::fs::write(data.join("private/data-000000.tar"), [0u8; 1024]).unwrap();
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-exists", &data);
+    // Each bucket its own prefix: the other tests' buckets keep theirs.
+    for bucket in ["s3://wick-exists", "s3://wick-no-such-bucket"] {
+        candle_wick::storage::configure(
+            bucket,
+            [
+                ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
+                ("aws_allow_http", "true".into()),
+                ("aws_access_key_id", "test".into()),
+                ("aws_secret_access_key", "test".into()),
+                ("aws_region", "us-east-1".into()),
+            ],
+        );
+    }
+    let http = nginx(free_port(), &data, &dir.path().join("nginx"));
+    let refused = format!(
+        "http://127.0.0.1:{}/private/data-{{000000..000000}}.tar",
+        http.port
+    );
+    for (url, says) in [
+        (
+            "s3://wick-no-such-bucket/train/data-000000.tar".to_string(),
+            "not found",
+        ),
+        ("s3://wick-exists/private/nope.tar".to_string(), "not found"),
+        (refused, "permission denied"),
+    ] {
+        let t = Instant::now();
+        let err = match open_path(&url) {
+            Ok(_) => panic!("{url} opened"),
+            Err(e) => e,
+        };
+        let msg = candle_wick::error_chain(&err);
+        let named = url.replace("{000000..000000}", "000000");
+        assert!(msg.contains(&named) && msg.contains(says), "{url}: {msg}");
+        assert!(!err.is_transient(), "{url}: {msg}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{url}: {:?}",
+            t.elapsed()
+        );
     }
 }
 
