@@ -121,6 +121,17 @@ fn nginx(port: u16, root: &Path, prefix: &Path) -> Server {
     s
 }
 
+/// The object-store options that reach the moto server on `port`.
+fn moto_options(port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("aws_endpoint", format!("http://127.0.0.1:{port}")),
+        ("aws_allow_http", "true".into()),
+        ("aws_access_key_id", "test".into()),
+        ("aws_secret_access_key", "test".into()),
+        ("aws_region", "us-east-1".into()),
+    ]
+}
+
 /// Creates `bucket` on the S3 server and uploads every file under `dir`
 /// with its relative path as the key (boto3, which moto installs).
 fn upload(port: u16, bucket: &str, dir: &Path) {
@@ -244,16 +255,7 @@ fn s3_and_http_give_the_local_batches_for_every_format() {
     dataset(&data);
     let s3 = moto(free_port());
     upload(s3.port, "wick-same", &data);
-    candle_wick::storage::configure(
-        "s3://wick-same",
-        [
-            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
-            ("aws_allow_http", "true".into()),
-            ("aws_access_key_id", "test".into()),
-            ("aws_secret_access_key", "test".into()),
-            ("aws_region", "us-east-1".into()),
-        ],
-    );
+    candle_wick::storage::configure("s3://wick-same", moto_options(s3.port));
     let http = nginx(free_port(), &data, &dir.path().join("nginx"));
     for (root, is_http) in [
         ("s3://wick-same".to_string(), false),
@@ -354,16 +356,7 @@ fn convert_uploads_shards_to_s3() {
     let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
     let s3 = moto(free_port());
     upload(s3.port, "wick-up", &folder);
-    candle_wick::storage::configure(
-        "s3://wick-up",
-        [
-            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
-            ("aws_allow_http", "true".into()),
-            ("aws_access_key_id", "test".into()),
-            ("aws_secret_access_key", "test".into()),
-            ("aws_region", "us-east-1".into()),
-        ],
-    );
+    candle_wick::storage::configure("s3://wick-up", moto_options(s3.port));
     for (name, format) in [
         ("tf", ShardFormat::TfRecord),
         ("wds", ShardFormat::WebDataset),
@@ -409,16 +402,7 @@ fn a_missing_bucket_and_a_refused_object_are_named() {
     upload(s3.port, "wick-exists", &data);
     // Each bucket its own prefix: the other tests' buckets keep theirs.
     for bucket in ["s3://wick-exists", "s3://wick-no-such-bucket"] {
-        candle_wick::storage::configure(
-            bucket,
-            [
-                ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
-                ("aws_allow_http", "true".into()),
-                ("aws_access_key_id", "test".into()),
-                ("aws_secret_access_key", "test".into()),
-                ("aws_region", "us-east-1".into()),
-            ],
-        );
+        candle_wick::storage::configure(bucket, moto_options(s3.port));
     }
     let http = nginx(free_port(), &data, &dir.path().join("nginx"));
     let refused = format!(
@@ -484,17 +468,9 @@ fn a_paused_s3_server_is_waited_for_and_then_named() {
     let s3 = moto(free_port());
     upload(s3.port, "wick-paused", &data);
     // A short request timeout, so a pause is seen within seconds.
-    candle_wick::storage::configure(
-        "s3://wick-paused",
-        [
-            ("aws_endpoint", format!("http://127.0.0.1:{}", s3.port)),
-            ("aws_allow_http", "true".into()),
-            ("aws_access_key_id", "test".into()),
-            ("aws_secret_access_key", "test".into()),
-            ("aws_region", "us-east-1".into()),
-            ("timeout", "1s".into()),
-        ],
-    );
+    let mut opts = moto_options(s3.port);
+    opts.push(("timeout", "1s".into()));
+    candle_wick::storage::configure("s3://wick-paused", opts);
     for stream in [true, false] {
         let local = batches(&data.join("wds"), stream, 0).unwrap();
         for resume in [false, true] {
