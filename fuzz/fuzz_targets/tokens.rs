@@ -2,7 +2,7 @@
 //! checked against the size) on arbitrary bytes, then windows read in both
 //! orders. The first byte picks a sequence length.
 #![no_main]
-use candle_wick::source::{TokenFile, TokenLayout, TokenSource, WindowOrder};
+use candle_wick::source::{TokenFile, TokenLayout, TokenSource, TokenType, WindowOrder};
 use candle_wick::Source;
 use libfuzzer_sys::fuzz_target;
 
@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         None => TokenFile::open(&path),
         Some(l) => TokenFile::open_as(&path, l),
     };
-    for layout in [None, Some(TokenLayout::LlmC), Some(TokenLayout::RawU16)] {
+    for layout in [None, Some(TokenLayout::LlmC), Some(TokenLayout::Raw(TokenType::U16))] {
         let Ok(file) = open(layout) else {
             continue;
         };

@@ -303,8 +303,9 @@ impl Schema {
     }
 
     /// Adds `views`: each named apart from every field and view, of a
-    /// fixed (not padded) field with a per-sample axis, inside it and not
-    /// empty.
+    /// field with a per-sample axis (fixed, or padded: the view then
+    /// holds the pad where the field does; never a `_len` count), inside
+    /// it and not empty.
     pub(crate) fn with_views(mut self, views: &[View]) -> Result<Self> {
         for v in views {
             let bad = |why: String| Error::InvalidConfig(format!("view {:?}: {why}", v.name));
@@ -316,8 +317,11 @@ impl Schema {
                 .ok_or_else(|| bad(format!("no field {:?}", v.of)))?;
             let f = &self.fields[of];
             let axis = f.field.shape.first().copied();
-            if f.field.pad.is_some() || f.by_loader {
-                return Err(bad(format!("field {:?} is padded or a count", v.of)));
+            if f.by_loader {
+                return Err(bad(format!(
+                    "field {:?} is a count the loader writes",
+                    v.of
+                )));
             }
             match axis {
                 Some(n) if v.len > 0 && v.start + v.len <= n => {}
@@ -457,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn views_follow_the_fields_and_must_lie_inside_a_fixed_one() {
+    fn views_follow_the_fields_and_must_lie_inside_one() {
         let fields = [
             Field::new("tokens", FieldType::U32, &[9]),
             Field::padded("boxes", FieldType::F32, &[4, 4], 0.0),
@@ -489,7 +493,10 @@ mod tests {
         refused(View::new("v", "missing", 0..1));
         refused(View::new("v", "tokens", 2..10)); // past the axis
         refused(View::new("v", "tokens", 3..3)); // empty
-        refused(View::new("v", "boxes", 0..2)); // padded
+                                                 // A padded field's items (the pad included) may be viewed.
+        assert!(schema()
+            .with_views(&[View::new("v", "boxes", 0..2)])
+            .is_ok());
         refused(View::new("v", "boxes_len", 0..1)); // a count
         refused(View::new("v", "label", 0..1)); // no per-sample axis
         let twice = [

@@ -150,3 +150,40 @@ impl candle_wick::Source for Slow {
         ))
     }
 }
+
+/// Runs `tests/fixtures/<script>` with `args` under `python3`: fixtures
+/// written by the real writers (megatron-core, pyarrow, `datasets`).
+/// `None` (the test skips, saying why) when the script fails because
+/// Python or a package is missing; a panic instead when
+/// `WICK_REQUIRE_FIXTURES` is set, as `.ci/run` sets it after installing
+/// them, or when the script fails for another reason. Returns stdout.
+pub fn python_fixture(script: &str, args: &[&str]) -> Option<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(script);
+    let out = std::process::Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output();
+    let required = std::env::var_os("WICK_REQUIRE_FIXTURES").is_some();
+    let missing = |why: String| {
+        assert!(
+            !required,
+            "{script}: {why} (.ci/run installs what it needs)"
+        );
+        eprintln!("skipped: {script}: {why}");
+        None
+    };
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return missing(format!("python3 does not run: {e}")),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        if stderr.contains("ModuleNotFoundError") || stderr.contains("is not installed") {
+            return missing(stderr.lines().last().unwrap_or_default().to_string());
+        }
+        panic!("{script} {args:?} failed:\n{stderr}");
+    }
+    Some(String::from_utf8(out.stdout).expect("UTF-8 output"))
+}

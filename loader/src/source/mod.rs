@@ -3,6 +3,7 @@
 mod folder;
 mod list;
 pub(crate) mod mapguard;
+mod megatron;
 mod memory;
 mod open;
 pub(crate) mod readahead;
@@ -14,13 +15,16 @@ mod webdataset;
 
 pub use folder::{ImageFolder, ImageMaskFolders};
 pub use list::FileList;
+pub use megatron::{DocumentWindows, Megatron};
 pub use memory::MemorySource;
 pub use open::open_path;
 pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
 pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
-pub use tokens::{TokenFile, TokenLayout, TokenSource, TokenWindows, WindowOrder, WindowStart};
+pub use tokens::{
+    TokenFile, TokenLayout, TokenSource, TokenType, TokenWindows, WindowOrder, WindowStart,
+};
 pub use webdataset::{WebDataset, WebDatasetOptions};
 
 use crate::error::{Error, Result};

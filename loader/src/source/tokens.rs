@@ -2,8 +2,10 @@
 //! trainers already write, and the windows of `seq_len + 1` tokens a
 //! training step reads from them.
 //!
-//! - **Raw `u16`** (nanoGPT's and llama2.c's `train.bin`): little-endian
-//!   `u16` tokens and nothing else.
+//! - **Raw** tokens of one integer type and nothing else: `u16` for
+//!   nanoGPT's and llama2.c's `train.bin`; any [`TokenType`] for a
+//!   Megatron `.bin` (its type is in the `.idx`: see
+//!   [`Megatron`](super::Megatron)) or a NumPy `tofile` dump.
 //! - **llm.c shards**: a header of 256 little-endian `i32` (magic
 //!   20240520, version 1, token count), then that many `u16` tokens. The
 //!   header is checked against the file's size before any token is read.
@@ -39,10 +41,78 @@ const LLMC_VERSION_U16: i32 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TokenLayout {
-    /// Little-endian `u16`, nothing else (`train.bin`).
-    RawU16,
+    /// Little-endian tokens of one type, nothing else: `Raw(TokenType::U16)`
+    /// is nanoGPT's `train.bin`.
+    Raw(TokenType),
     /// llm.c: a 1 KiB header (magic, version, count), then `u16` tokens.
     LlmC,
+}
+
+/// The integer type of a token file's tokens, little-endian. Every token
+/// is read as a `u32`: a negative one, or an `i64` over `u32::MAX`, is an
+/// error naming the file and the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TokenType {
+    /// `u8`.
+    U8,
+    /// `i8`.
+    I8,
+    /// `u16`: vocabularies under 65,536 (GPT-2's 50,257).
+    U16,
+    /// `i16`.
+    I16,
+    /// `i32`: Megatron's type for vocabularies of 65,500 and more.
+    I32,
+    /// `u32`.
+    U32,
+    /// `i64`.
+    I64,
+}
+
+impl TokenType {
+    /// Bytes a token.
+    pub fn size(self) -> usize {
+        match self {
+            TokenType::U8 | TokenType::I8 => 1,
+            TokenType::U16 | TokenType::I16 => 2,
+            TokenType::I32 | TokenType::U32 => 4,
+            TokenType::I64 => 8,
+        }
+    }
+
+    /// Widens the tokens in `bytes` into `out` (as many as `out` holds);
+    /// `Err(i)` when token `i` is not a `u32` (negative, or too large).
+    fn widen(self, bytes: &[u8], out: &mut [u32]) -> std::result::Result<(), usize> {
+        macro_rules! each {
+            ($t:ty) => {{
+                const N: usize = std::mem::size_of::<$t>();
+                for (i, (o, b)) in out.iter_mut().zip(bytes.chunks_exact(N)).enumerate() {
+                    let v = <$t>::from_le_bytes(b.try_into().expect("N bytes"));
+                    *o = u32::try_from(v).map_err(|_| i)?;
+                }
+            }};
+        }
+        match self {
+            // The common types first, without a check that cannot fail.
+            TokenType::U16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            TokenType::U8 => {
+                for (o, b) in out.iter_mut().zip(bytes) {
+                    *o = u32::from(*b);
+                }
+            }
+            TokenType::I8 => each!(i8),
+            TokenType::I16 => each!(i16),
+            TokenType::I32 => each!(i32),
+            TokenType::U32 => each!(u32),
+            TokenType::I64 => each!(i64),
+        }
+        Ok(())
+    }
 }
 
 /// One memory-mapped token file.
@@ -92,7 +162,8 @@ pub struct TokenFile {
 
 impl TokenFile {
     /// Opens `path`: an llm.c shard when it starts with llm.c's magic
-    /// number, raw `u16` tokens otherwise.
+    /// number, raw `u16` tokens otherwise (another type: [`open_as`](Self::open_as)
+    /// with [`TokenLayout::Raw`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::with_layout(path.as_ref(), None)
     }
@@ -116,7 +187,7 @@ impl TokenFile {
             Some(m) if i32::from_le_bytes(m.try_into().expect("4 bytes")) == LLMC_MAGIC => {
                 TokenLayout::LlmC
             }
-            _ => TokenLayout::RawU16,
+            _ => TokenLayout::Raw(TokenType::U16),
         });
         let size = map.len();
         let (start, len) = match layout {
@@ -156,13 +227,14 @@ impl TokenFile {
                 }
                 (header_bytes, count)
             }
-            TokenLayout::RawU16 => {
-                if !size.is_multiple_of(2) {
+            TokenLayout::Raw(ty) => {
+                if !size.is_multiple_of(ty.size()) {
                     return Err(bad(format!(
-                        "{size} bytes is not a whole number of u16 tokens"
+                        "{size} bytes is not a whole number of {ty:?} tokens ({} bytes each)",
+                        ty.size()
                     )));
                 }
-                (0, size / 2)
+                (0, size / ty.size())
             }
         };
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
@@ -211,15 +283,20 @@ impl TokenFile {
         self.len == 0
     }
 
-    /// Token `i`; `None` past the end, or when it cannot be read as the
-    /// file's (the file was cut short, or a page of it could not be read).
-    pub fn get(&self, i: usize) -> Option<u16> {
-        if i >= self.len {
-            return None;
+    /// The type of the file's tokens.
+    pub fn token_type(&self) -> TokenType {
+        match self.layout {
+            TokenLayout::Raw(ty) => ty,
+            TokenLayout::LlmC => TokenType::U16,
         }
-        let at = self.start + 2 * i;
-        self.guarded_read(&self.map[at..at + 2], |b| u16::from_le_bytes([b[0], b[1]]))
-            .ok()
+    }
+
+    /// Token `i`; `None` past the end, when it is not a `u32` (negative),
+    /// or when it cannot be read as the file's (the file was cut short, or
+    /// a page of it could not be read).
+    pub fn get(&self, i: usize) -> Option<u32> {
+        let mut one = [0];
+        self.read_into(i, &mut one).ok().map(|()| one[0])
     }
 
     /// Runs `read` over `bytes` (a range of the map) when the file is
@@ -240,8 +317,10 @@ impl TokenFile {
         }
         // A cut inside a page leaves that page mapped with zeros past the
         // new end, which read without a fault: the read's bytes from the
-        // end on are zero, its last byte among them.
-        if bytes.last() == Some(&0) && self.cut_short() {
+        // end on are zero, its last token among them.
+        let width = self.token_type().size();
+        let last = &bytes[bytes.len().saturating_sub(width)..];
+        if !last.is_empty() && last.iter().all(|&b| b == 0) && self.cut_short() {
             self.guard.mark();
             return Err(self.truncated());
         }
@@ -354,12 +433,19 @@ impl TokenFile {
                 source: None,
             });
         };
-        let bytes = &self.map[self.start + 2 * first..self.start + 2 * end];
-        self.guarded_read(bytes, |bytes| {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
-            }
-        })
+        let ty = self.token_type();
+        let bytes = &self.map[self.start + ty.size() * first..self.start + ty.size() * end];
+        self.guarded_read(bytes, |bytes| ty.widen(bytes, out))?
+            .map_err(|i| Error::Dataset {
+                path: self.path.clone(),
+                reason: format!(
+                    "token {} is not a token id (negative, or over {}): the file's {ty:?} \
+                     tokens are read as u32",
+                    first + i,
+                    u32::MAX
+                ),
+                source: None,
+            })
     }
 
     /// Asks the CPU to start loading tokens `first..first + len` into its
@@ -370,7 +456,8 @@ impl TokenFile {
         if first >= end {
             return;
         }
-        let Some(bytes) = self.map.get(self.start + 2 * first..self.start + 2 * end) else {
+        let w = self.token_type().size();
+        let Some(bytes) = self.map.get(self.start + w * first..self.start + w * end) else {
             return;
         };
         for line in bytes.chunks(64) {
@@ -677,10 +764,8 @@ impl Source for TokenSource {
     /// map itself. Its key names the window for the non-overlapping
     /// order, the sample for the random one (whose offset depends on the
     /// epoch).
-    fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
-        check_index(index, self.len())?;
-        bytes.clear();
-        Ok(Record::encoded(self.key(index), bytes, 0))
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        window_record(self, index, bytes)
     }
 
     fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
@@ -720,14 +805,32 @@ impl Source for TokenSource {
             .fold(crc32c::crc32c(text.as_bytes()), |crc, f| {
                 let name = f.path().file_name().unwrap_or(f.path().as_os_str());
                 let crc = crc32c::crc32c_append(crc, name.as_encoded_bytes());
-                let crc = crc32c::crc32c_append(crc, format!(" {:?} ", f.layout()).as_bytes());
+                // "RawU16" as before raw files had other types: states
+                // saved then still resume.
+                let layout = match f.layout() {
+                    TokenLayout::Raw(TokenType::U16) => "RawU16".to_string(),
+                    other => format!("{other:?}"),
+                };
+                let crc = crc32c::crc32c_append(crc, format!(" {layout} ").as_bytes());
                 crc32c::crc32c_append(crc, &(f.len() as u64).to_le_bytes())
             })
     }
 }
 
+/// Window `index` of a token source as a record: its key and no bytes
+/// (`bytes` emptied, its capacity kept); the map reads the tokens.
+pub(super) fn window_record(
+    source: &dyn Source,
+    index: usize,
+    mut bytes: Vec<u8>,
+) -> Result<Record> {
+    check_index(index, source.len())?;
+    bytes.clear();
+    Ok(Record::encoded(source.key(index), bytes, 0))
+}
+
 /// `name@token`, sized once and written without the formatter (`itoa`).
-fn window_key(name: &str, token: usize) -> String {
+pub(super) fn window_key(name: &str, token: usize) -> String {
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(token);
     let mut key = String::with_capacity(name.len() + 1 + digits.len());
@@ -889,11 +992,11 @@ mod tests {
         let b = TokenFile::open(llmc(dir.path(), "s.bin", &tokens, [LLMC_MAGIC, 1, n])).unwrap();
         assert_eq!(
             (a.layout(), b.layout()),
-            (TokenLayout::RawU16, TokenLayout::LlmC)
+            (TokenLayout::Raw(TokenType::U16), TokenLayout::LlmC)
         );
         for f in [&a, &b] {
             assert_eq!(f.len(), 1000);
-            assert_eq!(f.get(999), Some(tokens[999]));
+            assert_eq!(f.get(999), Some(u32::from(tokens[999])));
             assert_eq!(f.get(1000), None);
             let mut w = vec![0u32; 65];
             f.read_into(100, &mut w).unwrap();
