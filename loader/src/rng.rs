@@ -16,6 +16,10 @@ pub(crate) enum Purpose {
     ShardShuffle = 3,
     /// The shuffle buffer of the streaming mode (one stream per rank).
     ShuffleBuffer = 4,
+    /// A mixture member's order in one pass over it (one stream per member).
+    MixturePass = 5,
+    /// The shuffle inside one stretch of a source-ordered epoch.
+    Stretch = 6,
 }
 
 /// The ChaCha8 stream for `(seed, epoch, purpose, index)`.

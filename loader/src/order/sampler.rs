@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
+use crate::source::Source;
 use rand::seq::SliceRandom;
 
 /// What an epoch does with the samples that do not fill a batch on every
@@ -52,6 +53,11 @@ impl Remainder {
 ///
 /// - **Order**: the source order, or (with a seed) a permutation drawn from
 ///   `(seed, epoch)`: different every epoch, the same on every run and rank.
+///   A source that orders its own epochs ([`Source::epoch_order`], a
+///   [`Mixture`](crate::source::Mixture)) gives the order instead; with a
+///   seed, each stretch (all ranks' batch `k`) is then shuffled within
+///   itself, so ranks get fair shares of it while every stretch keeps the
+///   samples the source put there.
 /// - **Sharding**: the epoch's order is cut into consecutive *stretches*,
 ///   one per batch index: `world_size * batch_size` samples each, then what
 ///   the [`Remainder`] policy makes of the tail. Rank `r` takes the `r`-th
@@ -67,6 +73,8 @@ impl Remainder {
 ///   yields.
 #[derive(Debug, Clone)]
 pub(crate) struct Sampler {
+    /// The source, when it orders its own epochs ([`Source::epoch_order`]).
+    ordered_by: Option<std::sync::Arc<dyn Source>>,
     len: usize,
     batch_size: usize,
     seed: Option<u64>,
@@ -137,6 +145,7 @@ impl Sampler {
             return Err(Error::InvalidConfig("the sampler has no samples".into()));
         }
         let s = Self {
+            ordered_by: None,
             len,
             batch_size,
             seed,
@@ -212,8 +221,41 @@ impl Sampler {
         self.stretches(self.len).map_or(0, |v| v.len())
     }
 
-    /// The epoch's global order: the source order or its `(seed, epoch)` permutation.
+    /// This sampler, taking each epoch's order from `source` when it
+    /// gives one ([`Source::epoch_order`]); an error when epoch 0's order
+    /// is not `len` indices below `len`.
+    pub(crate) fn ordered_by(mut self, source: std::sync::Arc<dyn Source>) -> Result<Self> {
+        if let Some(order) = source.epoch_order(self.seed, 0) {
+            if order.len() != self.len || order.iter().any(|&i| i >= self.len) {
+                return Err(Error::InvalidConfig(format!(
+                    "the source's epoch order has {} indices (up to {:?}); it must give {} \
+                     indices below {}",
+                    order.len(),
+                    order.iter().max(),
+                    self.len,
+                    self.len
+                )));
+            }
+            self.ordered_by = Some(source);
+        }
+        Ok(self)
+    }
+
+    /// The epoch's global order: the source order or its `(seed, epoch)`
+    /// permutation, or the order the source gives (cut or repeated to
+    /// `len`, indices wrapped below it, should a later epoch's not fit).
     pub(crate) fn order(&self, epoch: u64) -> Vec<usize> {
+        if let Some(mut order) = self
+            .ordered_by
+            .as_ref()
+            .and_then(|s| s.epoch_order(self.seed, epoch))
+        {
+            if order.is_empty() {
+                order.push(0);
+            }
+            let n = order.len();
+            return (0..self.len).map(|i| order[i % n] % self.len).collect();
+        }
         let mut order: Vec<usize> = (0..self.len).collect();
         if let Some(seed) = self.seed {
             order.shuffle(&mut keyed_rng(seed, epoch, Purpose::Shuffle, 0));
@@ -241,6 +283,12 @@ impl Sampler {
         let mut at = from;
         before.push(at as u64);
         for n in stretches {
+            if let (Some(_), Some(seed)) = (&self.ordered_by, self.seed) {
+                // Keyed by where the stretch starts, which a resume on
+                // the same ranks plans alike.
+                let mut rng = keyed_rng(seed, epoch, Purpose::Stretch, at as u64);
+                order[at..at + n].shuffle(&mut rng);
+            }
             let mut start = at;
             for (i, part) in split_even(n, ws).enumerate() {
                 if i == r {

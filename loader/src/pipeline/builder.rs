@@ -470,14 +470,17 @@ impl LoaderBuilder {
                     "shuffle_buffer applies to the streaming mode: set interleave(..) too".into(),
                 ))
             }
-            None => Order::Sampled(Sampler::new(
-                self.source.len(),
-                self.batch_size,
-                self.shuffle,
-                self.remainder,
-                rank,
-                world_size,
-            )?),
+            None => Order::Sampled(
+                Sampler::new(
+                    self.source.len(),
+                    self.batch_size,
+                    self.shuffle,
+                    self.remainder,
+                    rank,
+                    world_size,
+                )?
+                .ordered_by(self.source.clone())?,
+            ),
         };
         let seed = self.seed.or(self.shuffle).unwrap_or(0);
         let (map, transform, finish, finish_field): (Arc<dyn Map>, _, _, _) = match self.map {

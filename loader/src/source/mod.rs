@@ -5,6 +5,7 @@ mod list;
 pub(crate) mod mapguard;
 mod megatron;
 mod memory;
+mod mixture;
 mod open;
 pub(crate) mod readahead;
 mod shards;
@@ -17,6 +18,7 @@ pub use folder::{ImageFolder, ImageMaskFolders};
 pub use list::FileList;
 pub use megatron::{DocumentWindows, Megatron};
 pub use memory::MemorySource;
+pub use mixture::{BlendRule, Mixture, MixtureBuilder};
 pub use open::open_path;
 pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
@@ -275,6 +277,20 @@ pub trait Source: Send + Sync + 'static {
     fn is_remote(&self) -> bool {
         false
     }
+
+    /// The order of epoch `epoch`'s samples, when the source decides it
+    /// (a [`Mixture`] places its members' samples by weight): `len()`
+    /// indices below `len()`, repeats allowed, a pure function of `seed`
+    /// (the loader's [`shuffle`](crate::LoaderBuilder::shuffle) seed,
+    /// `None` without a shuffle) and `epoch`. The loader cuts it into
+    /// batches and ranks as it does its own permutation (with a seed, each
+    /// stretch of `world_size * batch_size` is shuffled within itself), and
+    /// resumes it exactly. `None` (the default): the loader's permutation.
+    /// Only the random-access mode asks.
+    fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+        let _ = (seed, epoch);
+        None
+    }
 }
 
 /// `Source` for smart pointers to a source, forwarding every method.
@@ -310,6 +326,9 @@ macro_rules! forward_source {
             }
             fn is_remote(&self) -> bool {
                 (**self).is_remote()
+            }
+            fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+                (**self).epoch_order(seed, epoch)
             }
         }
     };

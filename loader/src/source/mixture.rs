@@ -1,0 +1,496 @@
+//! Weighted mixtures of sources, placed by a deterministic greedy rule
+//! ([`BlendRule`]): the order is a pure function of the weights, nothing
+//! random, nothing to save but the loader's position.
+//!
+//! - [`BlendRule::WithinOne`] (the default): every prefix of an epoch
+//!   holds each member's quota to within less than one sample (`1 -
+//!   1/(2k - 2)` for `k` members): sample `n` goes to the member whose
+//!   count would fall that far behind soonest, among those it would not
+//!   put that far ahead (Tijdeman's rule for the chairman assignment
+//!   problem, 1980).
+//! - [`BlendRule::Megatron`]: Megatron-Core's `build_blending_indices`
+//!   (`helpers.cpp`) to the bit: sample `p` goes to the member with the
+//!   largest `w[d] * max(p, 1) - taken[d]` (the first on a tie). Its
+//!   prefixes can stray further (1.2 samples for weights 0.9 / 0.05 /
+//!   0.05 after 8 samples; up to 1.74 over random weight sets): it is
+//!   there to reproduce a Megatron blend.
+//!
+//! The weights are normalized to sum to 1, summed in order as NumPy sums a
+//! few, so they are Megatron's to the bit.
+//!
+//! Within a member, its samples are taken in passes: each pass is a
+//! permutation of the member drawn from `(seed, pass)` (its stored order
+//! without a seed), and a member's passes continue from epoch to epoch, so
+//! a member drawn below its size sees new samples each epoch, and one
+//! drawn above it repeats each sample before any is seen a third time.
+
+use super::{check_index, Parts, Record, Source, Value};
+use crate::error::{Error, Result};
+use crate::rng::{keyed_rng, Purpose};
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Several sources mixed by weight into one: each epoch holds
+/// `len()` samples (the members' lengths added up), each member's share
+/// its weight's, placed by Megatron's greedy rule (module docs). The
+/// members give records the loader's map can read alike (the same parts
+/// or windows); a map that reads by index from one member's own data
+/// (such as [`TokenWindowsMap::megatron`](crate::map::TokenWindowsMap::megatron))
+/// does not fit: use [`TokenWindowsMap::from_records`](crate::map::TokenWindowsMap::from_records)
+/// or a map of record parts. A record's part `mixture` (when the map asks
+/// for it) is its member's number, as [`Value::Int64`].
+///
+/// The loader takes each epoch's order from the mixture
+/// ([`Source::epoch_order`]), splits it across ranks and resumes it like
+/// its own; with a [`shuffle`](crate::LoaderBuilder::shuffle) seed the
+/// members are permuted and each global batch is shuffled across the
+/// ranks (every global batch then holds each member's quota within one
+/// sample), without one the epoch is the greedy order itself.
+///
+/// ```no_run
+/// use candle_wick::source::{DocumentWindows, Megatron, Mixture};
+/// use candle_wick::map::TokenWindowsMap;
+/// use candle_wick::Loader;
+/// # fn main() -> candle_wick::Result<()> {
+/// let open = |p: &str| Megatron::open([p], 2048, DocumentWindows::Packed { eos: None });
+/// let mix = Mixture::builder()
+///     .add(open("data/web_text_document")?, 0.7)
+///     .add(open("data/code_text_document")?, 0.2)
+///     .add(open("data/books_text_document")?, 0.1)
+///     // From epoch 3 on, more code.
+///     .schedule(3, &[0.5, 0.4, 0.1])
+///     .build()?;
+/// let mut loader = Loader::builder(mix)
+///     .map(TokenWindowsMap::from_records(2048, None))
+///     .batch_size(8)
+///     .shuffle(17)
+///     .build()?;
+/// # let _ = loader.epoch(0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mixture {
+    inner: Arc<Inner>,
+}
+
+/// How a [`Mixture`] places its members' samples (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BlendRule {
+    /// Every prefix of an epoch within one sample of each quota (the
+    /// default).
+    #[default]
+    WithinOne,
+    /// Megatron-Core's `build_blending_indices`, to the bit.
+    Megatron,
+}
+
+#[derive(Debug)]
+struct Inner {
+    members: Vec<Arc<dyn Source>>,
+    rule: BlendRule,
+    /// Member `d`'s first index, then the total.
+    offsets: Vec<usize>,
+    /// `(first epoch, weights normalized)`, by epoch, the first at 0.
+    schedule: Vec<(u64, Vec<f64>)>,
+    /// Each weight set's samples per member in one epoch (a greedy pass
+    /// over `len()` samples each, so computed once).
+    counts: Mutex<HashMap<Vec<u64>, Arc<Vec<usize>>>>,
+}
+
+/// Builds a [`Mixture`]: [`Mixture::builder`].
+#[derive(Debug, Default)]
+pub struct MixtureBuilder {
+    members: Vec<(Arc<dyn Source>, f64)>,
+    schedule: Vec<(u64, Vec<f64>)>,
+    rule: BlendRule,
+}
+
+impl MixtureBuilder {
+    /// Adds `source` with weight `weight` (any non-negative number: the
+    /// weights are normalized to sum to 1).
+    pub fn add(mut self, source: impl Source, weight: f64) -> Self {
+        self.members.push((Arc::new(source), weight));
+        self
+    }
+
+    /// From epoch `epoch` on, the members' weights are `weights` (one a
+    /// member, in the order they were added), until a later change.
+    pub fn schedule(mut self, epoch: u64, weights: &[f64]) -> Self {
+        self.schedule.push((epoch, weights.to_vec()));
+        self
+    }
+
+    /// How samples are placed. Default [`BlendRule::WithinOne`].
+    pub fn rule(mut self, rule: BlendRule) -> Self {
+        self.rule = rule;
+        self
+    }
+
+    /// The mixture; an error when there is no member, a weight is
+    /// negative or not finite, an epoch's weights are all 0 or not one a
+    /// member, a member with a weight is empty, or two changes name one
+    /// epoch.
+    pub fn build(self) -> Result<Mixture> {
+        let bad = |m: String| Err(Error::InvalidConfig(format!("mixture: {m}")));
+        if self.members.is_empty() {
+            return bad("no member".into());
+        }
+        let mut schedule = vec![(0, self.members.iter().map(|m| m.1).collect::<Vec<_>>())];
+        let mut changes = self.schedule;
+        changes.sort_by_key(|c| c.0);
+        for (epoch, weights) in changes {
+            if epoch == 0 {
+                schedule[0].1 = weights;
+            } else if schedule.last().is_some_and(|l| l.0 == epoch) {
+                return bad(format!("two weight changes at epoch {epoch}"));
+            } else {
+                schedule.push((epoch, weights));
+            }
+        }
+        for (epoch, weights) in &mut schedule {
+            if weights.len() != self.members.len() {
+                return bad(format!(
+                    "{} weights from epoch {epoch} for {} members",
+                    weights.len(),
+                    self.members.len()
+                ));
+            }
+            if let Some(w) = weights.iter().find(|w| !w.is_finite() || **w < 0.0) {
+                return bad(format!(
+                    "weight {w} from epoch {epoch} is not a finite number >= 0"
+                ));
+            }
+            // Summed in order, as NumPy sums a few weights: the normalized
+            // weights are then Megatron's to the bit.
+            let sum: f64 = weights.iter().fold(0.0, |a, w| a + w);
+            if sum <= 0.0 {
+                return bad(format!("the weights from epoch {epoch} are all 0"));
+            }
+            for (d, w) in weights.iter_mut().enumerate() {
+                *w /= sum;
+                if *w > 0.0 && self.members[d].0.is_empty() {
+                    return bad(format!("member {d} is empty but has weight {w}"));
+                }
+            }
+        }
+        let mut offsets = vec![0];
+        for (m, _) in &self.members {
+            let total = offsets.last().copied().unwrap_or(0);
+            offsets.push(total + m.len());
+        }
+        Ok(Mixture {
+            inner: Arc::new(Inner {
+                members: self.members.into_iter().map(|m| m.0).collect(),
+                rule: self.rule,
+                offsets,
+                schedule,
+                counts: Mutex::default(),
+            }),
+        })
+    }
+}
+
+/// Member `picks[p]` for each sample `p` of an epoch of `n`, by `rule`
+/// (module docs); members of weight 0 are never picked.
+fn greedy(weights: &[f64], n: usize, rule: BlendRule) -> Vec<u16> {
+    let mut taken = vec![0u64; weights.len()];
+    let k = weights.iter().filter(|&&w| w > 0.0).count();
+    // Tijdeman's bound: no count strays `delta` or more from its quota.
+    let delta = if k > 1 {
+        1.0 - 1.0 / (2 * k - 2) as f64
+    } else {
+        0.0
+    };
+    (0..n)
+        .map(|p| {
+            // Megatron's pick: the largest error at `max(p, 1)`, the first
+            // on a tie.
+            let most_behind = |at: f64| {
+                let mut best: Option<(usize, f64)> = None;
+                for (d, &w) in weights.iter().enumerate() {
+                    let error = w * at - taken[d] as f64;
+                    if w > 0.0 && best.is_none_or(|(_, e)| error > e) {
+                        best = Some((d, error));
+                    }
+                }
+                best.expect("a weight above 0").0
+            };
+            let d = match rule {
+                BlendRule::Megatron => most_behind((p as f64).max(1.0)),
+                BlendRule::WithinOne => {
+                    // After this sample (`n = p + 1`): among the members it
+                    // would not put `delta` ahead, the one that would fall
+                    // `delta` behind first. (Tijdeman proves one always
+                    // qualifies; rounding aside, the most behind stands in.)
+                    let n = (p + 1) as f64;
+                    let mut best: Option<(usize, f64)> = None;
+                    for (d, &w) in weights.iter().enumerate() {
+                        let t = taken[d] as f64;
+                        if w > 0.0 && w * n - t >= 1.0 - delta - 1e-9 {
+                            let deadline = (t + delta) / w;
+                            if best.is_none_or(|(_, b)| deadline < b) {
+                                best = Some((d, deadline));
+                            }
+                        }
+                    }
+                    best.map_or_else(|| most_behind(n), |b| b.0)
+                }
+            };
+            taken[d] += 1;
+            d as u16
+        })
+        .collect()
+}
+
+impl Mixture {
+    /// A mixture to build: add members with their weights.
+    pub fn builder() -> MixtureBuilder {
+        MixtureBuilder::default()
+    }
+
+    /// The members' weights in `epoch`, normalized.
+    pub fn weights(&self, epoch: u64) -> &[f64] {
+        let s = &self.inner.schedule;
+        &s[s.partition_point(|c| c.0 <= epoch) - 1].1
+    }
+
+    /// Samples of each member in one epoch of `weights`.
+    fn counts_of(&self, weights: &[f64]) -> Arc<Vec<usize>> {
+        let key: Vec<u64> = weights.iter().map(|w| w.to_bits()).collect();
+        if let Some(c) = crate::lock(&self.inner.counts).get(&key) {
+            return c.clone();
+        }
+        let mut counts = vec![0; weights.len()];
+        for d in greedy(weights, self.len(), self.inner.rule) {
+            counts[d as usize] += 1;
+        }
+        let counts = Arc::new(counts);
+        crate::lock(&self.inner.counts).insert(key, counts.clone());
+        counts
+    }
+
+    /// Samples each member gives epoch `epoch`.
+    pub fn counts(&self, epoch: u64) -> Vec<usize> {
+        self.counts_of(self.weights(epoch)).to_vec()
+    }
+
+    /// Samples each member gave the epochs before `epoch`.
+    fn taken_before(&self, epoch: u64) -> Vec<u64> {
+        let s = &self.inner.schedule;
+        let mut taken = vec![0u64; self.inner.members.len()];
+        for (i, (first, weights)) in s.iter().enumerate() {
+            let end = s.get(i + 1).map_or(epoch, |next| next.0.min(epoch));
+            if *first >= end {
+                break;
+            }
+            let epochs = end - first;
+            for (t, c) in taken.iter_mut().zip(self.counts_of(weights).iter()) {
+                *t += epochs * *c as u64;
+            }
+        }
+        taken
+    }
+
+    /// The member of index `index` and its index there.
+    fn locate(&self, index: usize) -> Result<(usize, usize)> {
+        check_index(index, self.len())?;
+        let d = self.inner.offsets.partition_point(|&o| o <= index) - 1;
+        Ok((d, index - self.inner.offsets[d]))
+    }
+
+    /// Member `d`'s draws `first..first + n` (counted over the whole run):
+    /// pass `k / len` of the member, a permutation from `(seed, pass)`
+    /// (the stored order without a seed), at `k % len`.
+    fn draws(&self, d: usize, seed: Option<u64>, first: u64, n: usize) -> Vec<usize> {
+        let len = self.inner.members[d].len() as u64;
+        let mut out = Vec::with_capacity(n);
+        let mut k = first;
+        while out.len() < n {
+            let pass = k / len;
+            let mut order: Vec<usize> = (0..len as usize).collect();
+            if let Some(seed) = seed {
+                order.shuffle(&mut keyed_rng(seed, pass, Purpose::MixturePass, d as u64));
+            }
+            let from = (k % len) as usize;
+            let take = (len as usize - from).min(n - out.len());
+            out.extend(&order[from..from + take]);
+            k += take as u64;
+        }
+        out
+    }
+}
+
+impl Source for Mixture {
+    fn len(&self) -> usize {
+        *self.inner.offsets.last().expect("the total")
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        self.read_parts(index, &Parts::Default, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        self.read_parts(index, &Parts::Default, bytes)
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let (d, i) = self.locate(index)?;
+        let record = self.inner.members[d].read_parts(i, parts, bytes)?;
+        Ok(if parts.wants("mixture") {
+            record.with_part("mixture", Value::Int64(vec![d as i64]))
+        } else {
+            record
+        })
+    }
+
+    fn key(&self, index: usize) -> String {
+        match self.locate(index) {
+            Ok((d, i)) => self.inner.members[d].key(i),
+            Err(_) => format!("#{index}"),
+        }
+    }
+
+    /// The members' lengths and digests, and the weight schedule.
+    fn digest(&self) -> u32 {
+        let mut text = format!("mixture {:?}", self.inner.rule);
+        for m in &self.inner.members {
+            text.push_str(&format!(" {}:{}", m.len(), m.digest()));
+        }
+        for (epoch, w) in &self.inner.schedule {
+            text.push_str(&format!(" @{epoch}{w:?}"));
+        }
+        crc32c::crc32c(text.as_bytes())
+    }
+
+    fn is_remote(&self) -> bool {
+        self.inner.members.iter().any(|m| m.is_remote())
+    }
+
+    /// The greedy placement of `epoch`, each member's draws continuing
+    /// from the epochs before.
+    fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+        let picks = greedy(self.weights(epoch), self.len(), self.inner.rule);
+        let counts = self.counts(epoch);
+        let taken = self.taken_before(epoch);
+        let draws: Vec<Vec<usize>> = (0..self.inner.members.len())
+            .map(|d| self.draws(d, seed, taken[d], counts[d]))
+            .collect();
+        let mut next = vec![0; draws.len()];
+        Some(
+            picks
+                .iter()
+                .map(|&d| {
+                    let d = d as usize;
+                    next[d] += 1;
+                    self.inner.offsets[d] + draws[d][next[d] - 1]
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MemorySource;
+
+    fn member(n: usize) -> MemorySource {
+        MemorySource::new(
+            (0..n)
+                .map(|i| Record::encoded(format!("{n}/{i}"), vec![1], i as u32))
+                .collect(),
+        )
+    }
+
+    /// Every prefix holds each member within one sample of its quota.
+    #[test]
+    fn every_prefix_is_within_one_of_its_quota() {
+        for weights in [
+            vec![0.5, 0.3, 0.2],
+            vec![1.0, 1.0],
+            vec![0.9, 0.05, 0.05],
+            vec![3.0, 1.0, 0.0, 2.0],
+            vec![0.123, 0.456, 0.789, 0.01, 0.3],
+        ] {
+            let sum: f64 = weights.iter().sum();
+            let w: Vec<f64> = weights.iter().map(|w| w / sum).collect();
+            let worst = |rule| {
+                let mut taken = vec![0i64; w.len()];
+                let mut worst = 0f64;
+                for (p, d) in greedy(&w, 5000, rule).into_iter().enumerate() {
+                    taken[d as usize] += 1;
+                    for (d, &t) in taken.iter().enumerate() {
+                        worst = worst.max((t as f64 - w[d] * (p + 1) as f64).abs());
+                    }
+                }
+                worst
+            };
+            let within = worst(BlendRule::WithinOne);
+            assert!(within < 1.0, "{weights:?}: {within}");
+            // Megatron's rule strays further on skewed weights.
+            let megatron = worst(BlendRule::Megatron);
+            if weights == [0.9, 0.05, 0.05] {
+                assert!(megatron > 1.1, "{megatron}");
+            }
+        }
+    }
+
+    #[test]
+    fn epochs_hold_the_quotas_and_members_continue_their_passes() {
+        let mix = Mixture::builder()
+            .add(member(10), 1.0)
+            .add(member(30), 3.0)
+            .add(member(60), 1.0)
+            .schedule(2, &[0.0, 1.0, 1.0])
+            .build()
+            .unwrap();
+        assert_eq!(mix.len(), 100);
+        assert_eq!(mix.counts(0), [20, 60, 20]);
+        assert_eq!(mix.counts(2), [0, 50, 50]);
+        let e0 = mix.epoch_order(Some(4), 0).unwrap();
+        let e1 = mix.epoch_order(Some(4), 1).unwrap();
+        // Member 0 (10 samples, 20 draws an epoch): each sample twice an epoch.
+        for e in [&e0, &e1] {
+            let mut seen = vec![0; 10];
+            e.iter().filter(|&&i| i < 10).for_each(|&i| seen[i] += 1);
+            assert_eq!(seen, [2; 10]);
+        }
+        // Member 2 (60 samples, 20 draws an epoch): three epochs see all 60.
+        let e2 = mix.epoch_order(Some(4), 2).unwrap();
+        let m2: std::collections::HashSet<usize> = [&e0, &e1]
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| i >= 40)
+            .collect();
+        assert_eq!(m2.len(), 40, "epochs 0 and 1 take 40 different samples");
+        let first20: Vec<usize> = e2.iter().copied().filter(|&i| i >= 40).take(20).collect();
+        assert!(first20.iter().all(|i| !m2.contains(i)), "epoch 2 goes on");
+        assert!(e2.iter().all(|&i| i >= 10), "weight 0 is never drawn");
+        // Deterministic, and the seed matters.
+        assert_eq!(mix.epoch_order(Some(4), 1).unwrap(), e1);
+        assert_ne!(mix.epoch_order(Some(5), 1).unwrap(), e1);
+    }
+
+    #[test]
+    fn bad_weights_are_errors() {
+        let m = || Mixture::builder().add(member(3), 1.0).add(member(2), 1.0);
+        assert!(Mixture::builder().build().is_err());
+        assert!(m().schedule(0, &[0.0, 0.0]).build().is_err());
+        assert!(m().schedule(1, &[1.0]).build().is_err());
+        assert!(m().schedule(1, &[1.0, f64::NAN]).build().is_err());
+        assert!(m().schedule(1, &[1.0, -1.0]).build().is_err());
+        assert!(m()
+            .schedule(1, &[1.0, 1.0])
+            .schedule(1, &[1.0, 2.0])
+            .build()
+            .is_err());
+        assert!(Mixture::builder()
+            .add(member(0), 1.0)
+            .add(member(2), 1.0)
+            .build()
+            .is_err());
+    }
+}
