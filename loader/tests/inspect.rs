@@ -234,3 +234,93 @@ fn inspect_reads_shards_and_exits_0_when_all_is_well() {
         assert_eq!(r["bad"].as_array().unwrap().len(), 0);
     }
 }
+
+/// A Megatron dataset of `docs` (one sequence each, `u16`) at `prefix`.
+fn megatron(prefix: &Path, docs: &[&[u16]]) {
+    let mut bin = Vec::new();
+    let mut idx = b"MMIDIDX\0\0".to_vec();
+    idx.extend(1u64.to_le_bytes());
+    idx.push(8);
+    idx.extend((docs.len() as u64).to_le_bytes());
+    idx.extend((docs.len() as u64 + 1).to_le_bytes());
+    let mut pointers = Vec::new();
+    for d in docs {
+        idx.extend((d.len() as i32).to_le_bytes());
+        pointers.extend((bin.len() as i64).to_le_bytes());
+        bin.extend(d.iter().flat_map(|t| t.to_le_bytes()));
+    }
+    idx.extend(pointers);
+    for i in 0..=docs.len() as i64 {
+        idx.extend(i.to_le_bytes());
+    }
+    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
+    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
+}
+
+/// A folder of class folders that also holds an unlabeled `.tar`, a
+/// Megatron dataset, a GIF and a TIFF: the survey decodes all of it,
+/// says what the loader opens and what it leaves out, and finds nothing
+/// bad (exit 0).
+#[test]
+fn inspect_surveys_a_folder_of_several_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("mixed");
+    for (i, class) in ["cat", "dog"].iter().enumerate() {
+        let c = d.join(class);
+        std::fs::create_dir_all(&c).unwrap();
+        for j in 0..4u32 {
+            save(
+                rgb(20 + j, 10).into(),
+                &c.join(format!("{j}.jpg")),
+                ImageFormat::Jpeg,
+            );
+        }
+        save(
+            rgb(9, 7 + i as u32).into(),
+            &c.join("x.gif"),
+            ImageFormat::Gif,
+        );
+        save(rgb(11, 5).into(), &c.join("y.tif"), ImageFormat::Tiff);
+    }
+    // An unlabeled WebDataset shard of two images.
+    let loose = dir.path().join("loose");
+    std::fs::create_dir_all(&loose).unwrap();
+    save(rgb(5, 5).into(), &loose.join("a.jpg"), ImageFormat::Jpeg);
+    save(rgb(6, 6).into(), &loose.join("b.png"), ImageFormat::Png);
+    let status = Command::new("tar")
+        .arg("cf")
+        .arg(d.join("extra.tar"))
+        .args(["-C", loose.to_str().unwrap(), "a.jpg", "b.png"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    megatron(&d.join("corpus"), &[&[1, 2, 3], &[4, 5]]);
+
+    let (code, r) = inspect(&d);
+    assert_eq!(code, 0, "{r:#}");
+    // 8 JPEGs, 2 GIFs, 2 TIFFs in the class folders, 2 in the shard.
+    assert_eq!(r["images"], 14, "{r:#}");
+    assert_eq!(r["formats"]["gif"], 2, "{r:#}");
+    assert_eq!(r["formats"]["tiff"], 2, "{r:#}");
+    let opened = r["opened_as"].as_str().unwrap();
+    assert!(opened.starts_with("an image folder"), "{opened}");
+    let strays = names(&r["strays"], None);
+    assert!(
+        strays.contains("extra.tar") && strays.contains("corpus"),
+        "{strays:?}"
+    );
+    assert_eq!(
+        names(&r["unlabeled"], None),
+        ["extra.tar".to_string()].into()
+    );
+    let corpus = &r["token_corpora"][0];
+    assert_eq!(
+        (corpus["documents"].as_u64(), corpus["tokens"].as_u64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(r["ignored"].as_array().unwrap().len(), 0, "{r:#}");
+
+    // The shard alone: unlabeled is fine for inspect.
+    let (code, r) = inspect(&d.join("extra.tar"));
+    assert_eq!((code, r["images"].as_u64()), (0, Some(2)), "{r:#}");
+}

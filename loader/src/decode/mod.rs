@@ -356,6 +356,28 @@ mod tests {
         (w, h, out)
     }
 
+    /// A TIFF decodes exactly; an animated GIF gives its first frame, as
+    /// Pillow's `Image.open(..).convert("RGB")` and torchvision do.
+    #[test]
+    fn tiff_and_the_first_frame_of_a_gif_decode() {
+        let img = RgbImage::from_fn(13, 7, |x, y| Rgb([x as u8 * 19, y as u8 * 31, 200]));
+        let (w, h, px) = decode(&encode(img.clone().into(), ImageFormat::Tiff));
+        assert_eq!((w, h, px), (13, 7, img.clone().into_raw()));
+
+        let frame = |c: u8| {
+            let rgba = RgbaImage::from_pixel(6, 4, Rgba([c, 255 - c, c / 2, 255]));
+            image::Frame::new(rgba)
+        };
+        let mut gif = Vec::new();
+        {
+            let mut enc = image::codecs::gif::GifEncoder::new(&mut gif);
+            enc.encode_frames([frame(10), frame(240)]).unwrap();
+        }
+        let (w, h, px) = decode(&gif);
+        assert_eq!((w, h), (6, 4));
+        assert_eq!(&px[..3], &[10, 245, 5], "the first frame");
+    }
+
     #[test]
     fn gray_and_alpha_become_rgb() {
         let gray = GrayImage::from_pixel(3, 2, image::Luma([77]));

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 /// - Files are found recursively inside each class folder, in torchvision's
 ///   order: folder by folder (folders sorted by path, as strings), each
 ///   folder's files sorted by name.
-/// - Only image extensions (`jpg`, `jpeg`, `png`, `webp`, `bmp`, in any case)
+/// - Only image extensions (`jpg`, `jpeg`, `png`, `webp`, `bmp`, `gif`, `tif`,
+///   `tiff`, in any case; a GIF gives its first frame, as in Pillow)
 ///   count; hidden files and folders (names starting with `.`) and other
 ///   files are ignored.
 /// - A class folder with no image is an error, as in torchvision.

@@ -19,7 +19,7 @@ pub use list::FileList;
 pub use megatron::{DocumentWindows, Megatron};
 pub use memory::MemorySource;
 pub use mixture::{BlendRule, Mixture, MixtureBuilder};
-pub use open::open_path;
+pub use open::{detect, open_path, DatasetKind, Detected};
 pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
@@ -337,7 +337,8 @@ forward_source!(std::sync::Arc);
 forward_source!(Box);
 
 /// File extensions (lower case) that the file-backed sources treat as images.
-pub(crate) const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp"];
+pub(crate) const IMAGE_EXTENSIONS: &[&str] =
+    &["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"];
 
 /// Whether `path` has one of [`IMAGE_EXTENSIONS`], matched case-insensitively.
 pub(crate) fn is_image_path(path: &Path) -> bool {

@@ -21,7 +21,7 @@ const MAX_IMAGE_BYTES: u64 = super::MAX_FILE_BYTES;
 #[derive(Debug, Clone)]
 pub struct WebDatasetOptions {
     /// Extensions (lower case) of the image member, in order of preference.
-    /// Default `jpg jpeg png webp bmp`.
+    /// Default `jpg jpeg png webp bmp gif tif tiff`.
     pub image_exts: Vec<String>,
     /// Extension of the label member: a decimal integer (`cls`, `cls2`,
     /// `index`, `txt`), or a JSON object when it ends in `json`, whose

@@ -1,19 +1,28 @@
 //! `wick inspect DATA`: decodes every sample of a dataset in parallel and
 //! says what is in it and what is bad.
 //!
-//! DATA is shards (TFRecord, WebDataset tar, safetensors: a file or a
-//! folder of them), a file list, or any of them (or an image folder) at a
-//! URL, read through the loader's own sources;
-//! or a folder, whose every file is inspected: the folder is walked
-//! without following links to folders (no link loop can trap it), and a
-//! file that cannot be read (no permission, a dangling or looping link) is
-//! bad like one that cannot be decoded. Decoding is the loader's own
-//! (`decode_rgb_into`, with its decompression-bomb limit). A file of a
-//! folder that is neither named nor made like an image is listed as
-//! ignored (the loader does not read it), not as bad.
+//! DATA is a shard file (TFRecord, WebDataset tar, safetensors), a
+//! Megatron `.idx`, a file list, or any of them (or an image folder) at a
+//! URL, read through the loader's own sources; or a folder, which is
+//! surveyed whatever it holds: every image is decoded, every shard opened
+//! and its samples decoded (unlabeled WebDataset shards too), every
+//! Megatron dataset checked and counted, and the report says what the
+//! loader would open the folder as and why (`source::detect`), or why it
+//! would refuse it, with the files of another kind it leaves out. Nothing
+//! in the folder stops the survey: a shard that cannot be opened is bad
+//! like an image that cannot be decoded. The folder is walked without
+//! following links to folders (no link loop can trap it), and a file that
+//! cannot be read (no permission, a dangling or looping link) is bad.
+//! Decoding is the loader's own (`decode_rgb_into`, with its
+//! decompression-bomb limit). A file that is neither named nor made like
+//! an image or a shard is listed as ignored (the loader does not read
+//! it), not as bad.
 
-use candle_wick::source::shard_paths;
-use candle_wick::{error_chain, open_path};
+use candle_wick::source::{
+    detect, DatasetKind, DocumentWindows, Megatron, SafetensorsShards, TfRecord, WebDataset,
+    WebDatasetOptions,
+};
+use candle_wick::{error_chain, Source};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -57,6 +66,16 @@ struct Image {
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     data: PathBuf,
+    /// What the loader opens DATA as, and why (or why it refuses).
+    opened_as: String,
+    /// Files of DATA that the loader leaves out (another kind).
+    strays: Vec<String>,
+    /// Shards and files of each kind found.
+    kinds: BTreeMap<&'static str, usize>,
+    /// WebDataset shards whose samples have no label member.
+    unlabeled: Vec<String>,
+    /// Megatron datasets: each prefix's documents and tokens.
+    token_corpora: Vec<TokenCorpus>,
     samples: usize,
     images: usize,
     bad: Vec<BadSample>,
@@ -69,6 +88,15 @@ pub(crate) struct Report {
     max_size: Option<(usize, usize)>,
     median_pixels: Option<usize>,
     seconds: f64,
+}
+
+/// A Megatron dataset found, checked against its index.
+#[derive(Debug, Serialize)]
+struct TokenCorpus {
+    prefix: String,
+    token_type: String,
+    documents: usize,
+    tokens: u64,
 }
 
 /// A bad sample and why, with the whole cause chain.
@@ -86,6 +114,7 @@ fn sniff(bytes: &[u8]) -> Option<&'static str> {
         [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some("webp"),
         [b'B', b'M', ..] => Some("bmp"),
         [b'G', b'I', b'F', ..] => Some("gif"),
+        [b'I', b'I', 42, 0, ..] | [b'M', b'M', 0, 42, ..] => Some("tiff"),
         _ => None,
     }
 }
@@ -99,6 +128,7 @@ fn named(key: &str) -> Option<&'static str> {
         "webp" => "webp",
         "bmp" | "dib" => "bmp",
         "gif" => "gif",
+        "tif" | "tiff" => "tiff",
         _ => return None,
     })
 }
@@ -229,22 +259,119 @@ fn walk(root: &Path, files: &mut Vec<PathBuf>, bad: &mut Vec<Seen>) {
     }
 }
 
-/// Whether `path` is shards or a file list (read through the sources),
-/// rather than a folder of files.
-fn is_source(path: &Path) -> bool {
-    let shards = [
-        ".tfrecord",
-        ".tfrecords",
-        ".tfrecord.gz",
-        ".tfrecord.zz",
-        ".tar",
-        ".safetensors",
-    ];
-    // A URL (`s3://bucket/train/`) is read through the sources too: an
-    // image folder there is listed and read as the loader reads it.
-    candle_wick::storage::is_url(path)
-        || shards.iter().any(|s| shard_paths(path, &[s]).is_ok())
-        || path.is_file()
+/// What a shard file is, by its name.
+fn shard_kind(path: &Path) -> Option<DatasetKind> {
+    let name = path.file_name()?.to_str()?;
+    if [".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"]
+        .iter()
+        .any(|s| name.ends_with(s))
+    {
+        Some(DatasetKind::TfRecord)
+    } else if name.ends_with(".tar") {
+        Some(DatasetKind::WebDataset)
+    } else if name.ends_with(".safetensors") {
+        Some(DatasetKind::Safetensors)
+    } else {
+        None
+    }
+}
+
+/// What the survey found besides samples.
+#[derive(Default)]
+struct Extra {
+    kinds: BTreeMap<&'static str, usize>,
+    unlabeled: Vec<String>,
+    token_corpora: Vec<TokenCorpus>,
+}
+
+/// Opens shards `paths` of `kind` as a source: WebDataset shards without
+/// labels too (listed in `unlabeled`).
+fn open_shards(
+    kind: DatasetKind,
+    paths: &[PathBuf],
+    extra: &mut Extra,
+) -> candle_wick::Result<Box<dyn Source>> {
+    Ok(match kind {
+        DatasetKind::TfRecord => Box::new(TfRecord::open(paths)?),
+        DatasetKind::Safetensors => Box::new(SafetensorsShards::open(paths)?),
+        _ => match WebDataset::open(paths) {
+            Ok(s) => Box::new(s),
+            Err(e) if error_chain(&e).contains(" label") => {
+                let opts = WebDatasetOptions {
+                    label_ext: None,
+                    ..Default::default()
+                };
+                let s = WebDataset::open_with(paths, opts)?;
+                extra
+                    .unlabeled
+                    .extend(paths.iter().map(|p| p.display().to_string()));
+                Box::new(s)
+            }
+            Err(e) => return Err(e),
+        },
+    })
+}
+
+/// Checks and counts the Megatron dataset at `prefix`.
+fn token_corpus(prefix: &Path, seen: &mut Vec<Seen>, extra: &mut Extra) {
+    let windows = DocumentWindows::Packed { eos: None };
+    match Megatron::open([prefix], 1, windows) {
+        Ok(m) => extra.token_corpora.push(TokenCorpus {
+            prefix: prefix.display().to_string(),
+            token_type: format!("{:?}", m.token_types()[0]),
+            documents: m.documents(),
+            tokens: m.tokens(),
+        }),
+        Err(e) => seen.push(Seen::Bad {
+            key: prefix.display().to_string(),
+            reason: error_chain(&e),
+        }),
+    }
+}
+
+/// Every sample of `source`, decoded in parallel on `pool`.
+fn inspect_source(source: &dyn Source, pool: &rayon::ThreadPool) -> Vec<Seen> {
+    let pb = bar(source.len());
+    let seen = pool.install(|| {
+        (0..source.len())
+            .into_par_iter()
+            .map(|i| {
+                let s = match source.read(i) {
+                    // Stored decoded (safetensors pixels): nothing to decode.
+                    Ok(r) => match r.rgb_size {
+                        Some(size) => Seen::Image(Image {
+                            key: r.key,
+                            format: "pixels",
+                            width: size.width,
+                            height: size.height,
+                            modes: vec!["rgb"],
+                            misnamed: false,
+                        }),
+                        None => inspect_bytes(r.key, &r.bytes, false),
+                    },
+                    Err(e) => Seen::Bad {
+                        key: source.key(i),
+                        reason: error_chain(&e),
+                    },
+                };
+                pb.inc(1);
+                s
+            })
+            .collect()
+    });
+    pb.finish_and_clear();
+    seen
+}
+
+fn bar(n: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(n as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} samples, {per_sec}, eta {eta}",
+        )
+        .expect("a valid template"),
+    );
+    bar
 }
 
 pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>> {
@@ -252,51 +379,66 @@ pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>>
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads)
         .build()?;
-    let bar = |n: usize| {
-        let bar = indicatif::ProgressBar::new(n as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} samples, {per_sec}, eta {eta}",
-            )
-            .expect("a valid template"),
-        );
-        bar
+    let detected = detect(&a.data);
+    let (opened_as, strays) = match &detected {
+        Ok(d) => (
+            format!("{}: {}", d.kind.name(), d.why),
+            d.strays.iter().map(|p| p.display().to_string()).collect(),
+        ),
+        Err(e) => (format!("not opened: {}", error_chain(e)), Vec::new()),
     };
     let mut seen = Vec::new();
-    if is_source(&a.data) {
-        let source = open_path(&a.data)?;
-        let pb = bar(source.len());
-        seen = pool.install(|| {
-            (0..source.len())
-                .into_par_iter()
-                .map(|i| {
-                    let s = match source.read(i) {
-                        // Stored decoded (safetensors pixels): nothing to decode.
-                        Ok(r) => match r.rgb_size {
-                            Some(size) => Seen::Image(Image {
-                                key: r.key,
-                                format: "pixels",
-                                width: size.width,
-                                height: size.height,
-                                modes: vec!["rgb"],
-                                misnamed: false,
-                            }),
-                            None => inspect_bytes(r.key, &r.bytes, false),
-                        },
-                        Err(e) => Seen::Bad {
-                            key: source.key(i),
-                            reason: error_chain(&e),
-                        },
-                    };
-                    pb.inc(1);
-                    s
-                })
-                .collect()
-        });
-        pb.finish_and_clear();
+    let mut extra = Extra::default();
+    if candle_wick::storage::is_url(&a.data) || a.data.is_file() {
+        // One dataset, read through the loader's sources.
+        let d = detected?;
+        *extra.kinds.entry(d.kind.name()).or_default() += d.paths.len();
+        match d.kind {
+            DatasetKind::Megatron => token_corpus(&d.paths[0], &mut seen, &mut extra),
+            DatasetKind::TfRecord | DatasetKind::WebDataset | DatasetKind::Safetensors => {
+                let source = open_shards(d.kind, &d.paths, &mut extra)?;
+                seen = inspect_source(&*source, &pool);
+            }
+            _ => seen = inspect_source(&*candle_wick::open_path(&a.data)?, &pool),
+        }
     } else {
+        // A folder: everything in it.
         let mut files = Vec::new();
         walk(&a.data, &mut files, &mut seen);
+        let megatron: Vec<PathBuf> = files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+            .filter(|p| {
+                let mut magic = [0u8; 9];
+                std::fs::File::open(p)
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+                    .is_ok_and(|()| &magic == b"MMIDIDX\0\0")
+            })
+            .map(|p| p.with_extension(""))
+            .collect();
+        let mut shards: Vec<(DatasetKind, PathBuf)> = Vec::new();
+        files.retain(|p| {
+            if let Some(kind) = shard_kind(p) {
+                shards.push((kind, p.clone()));
+                return false;
+            }
+            // A Megatron dataset's two files are inspected as one.
+            !megatron.contains(&p.with_extension(""))
+        });
+        for prefix in &megatron {
+            *extra.kinds.entry(DatasetKind::Megatron.name()).or_default() += 1;
+            token_corpus(prefix, &mut seen, &mut extra);
+        }
+        for (kind, shard) in &shards {
+            *extra.kinds.entry(kind.name()).or_default() += 1;
+            match open_shards(*kind, std::slice::from_ref(shard), &mut extra) {
+                Ok(source) => seen.extend(inspect_source(&*source, &pool)),
+                Err(e) => seen.push(Seen::Bad {
+                    key: shard.display().to_string(),
+                    reason: error_chain(&e),
+                }),
+            }
+        }
         let pb = bar(files.len());
         let found: Vec<Seen> = pool.install(|| {
             files
@@ -316,14 +458,29 @@ pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>>
                 .collect()
         });
         pb.finish_and_clear();
+        let images = found.iter().filter(|s| matches!(s, Seen::Image(_))).count();
+        if images > 0 {
+            extra.kinds.insert("image files", images);
+        }
         seen.extend(found);
     }
-    Ok(summarize(&a.data, seen, t.elapsed().as_secs_f64()))
+    let mut r = summarize(&a.data, seen, t.elapsed().as_secs_f64());
+    r.opened_as = opened_as;
+    r.strays = strays;
+    r.kinds = extra.kinds;
+    r.unlabeled = extra.unlabeled;
+    r.token_corpora = extra.token_corpora;
+    Ok(r)
 }
 
 fn summarize(data: &Path, seen: Vec<Seen>, seconds: f64) -> Report {
     let mut r = Report {
         data: data.into(),
+        opened_as: String::new(),
+        strays: Vec::new(),
+        kinds: BTreeMap::new(),
+        unlabeled: Vec::new(),
+        token_corpora: Vec::new(),
         samples: seen.len(),
         images: 0,
         bad: Vec::new(),
@@ -379,6 +536,29 @@ pub(crate) fn print_text(r: &Report) {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    println!("opened as {}", r.opened_as);
+    if !r.strays.is_empty() {
+        println!("left out by the loader ({}):", r.strays.len());
+        for k in r.strays.iter().take(20) {
+            println!("  {k}");
+        }
+        if r.strays.len() > 20 {
+            println!("  ... and {} more", r.strays.len() - 20);
+        }
+    }
+    println!("found: {}", list(&r.kinds));
+    if !r.unlabeled.is_empty() {
+        println!("WebDataset shards without labels ({}):", r.unlabeled.len());
+        for k in &r.unlabeled {
+            println!("  {k}");
+        }
+    }
+    for t in &r.token_corpora {
+        println!(
+            "Megatron {}: {} documents, {} {} tokens",
+            t.prefix, t.documents, t.tokens, t.token_type
+        );
+    }
     println!("formats: {}", list(&r.formats));
     println!("modes: {}", list(&r.modes));
     if let (Some(lo), Some(hi), Some(med)) = (r.min_size, r.max_size, r.median_pixels) {
