@@ -20,6 +20,10 @@ pub(crate) enum Purpose {
     MixturePass = 5,
     /// The shuffle inside one stretch of a source-ordered epoch.
     Stretch = 6,
+    /// A Parquet source's row-group order (index 0) and the shuffle of
+    /// each window of row groups (index `1 + window`).
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
+    BlockShuffle = 7,
 }
 
 /// The ChaCha8 stream for `(seed, epoch, purpose, index)`.

@@ -199,12 +199,14 @@ impl Iterator for Epoch<'_> {
                 if let Some(trace) = &shared.trace {
                     trace.record("wait for batch", LANE_CONSUMER, t, Instant::now());
                 }
-                // The cache, the timeline, the records read ahead and the
-                // remote-object cache count in the RAM budget.
+                // The cache, the timeline, the records read ahead, the
+                // remote-object cache and what the source holds (decoded
+                // Parquet row groups) count in the RAM budget.
                 let cache = shared.cache.as_ref().map_or(0, Cache::memory)
                     + shared.trace.as_ref().map_or(0, |t| t.memory())
                     + shared.readahead.as_ref().map_or(0, |r| r.memory())
-                    + crate::storage::cache_memory();
+                    + crate::storage::cache_memory()
+                    + shared.source.memory();
                 // On the direct hand-over a worker runs a whole batch on a
                 // buffer of its own: workers past the batches in flight idle.
                 // Asked only when a window closes.

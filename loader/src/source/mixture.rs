@@ -368,6 +368,10 @@ impl Source for Mixture {
         self.inner.members.iter().any(|m| m.is_remote())
     }
 
+    fn memory(&self) -> u64 {
+        self.inner.members.iter().map(|m| m.memory()).sum()
+    }
+
     /// The greedy placement of `epoch`, each member's draws continuing
     /// from the epochs before.
     fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {

@@ -7,6 +7,8 @@ mod megatron;
 mod memory;
 mod mixture;
 mod open;
+#[cfg(feature = "parquet")]
+mod parquet;
 pub(crate) mod readahead;
 mod shards;
 mod tensors;
@@ -20,6 +22,8 @@ pub use megatron::{DocumentWindows, Megatron};
 pub use memory::MemorySource;
 pub use mixture::{BlendRule, Mixture, MixtureBuilder};
 pub use open::{detect, open_path, DatasetKind, Detected};
+#[cfg(feature = "parquet")]
+pub use parquet::{Parquet, ParquetOptions, RowFilter};
 pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;
@@ -291,6 +295,13 @@ pub trait Source: Send + Sync + 'static {
         let _ = (seed, epoch);
         None
     }
+
+    /// Bytes the source holds in memory beyond its index (a Parquet
+    /// source's decoded row groups), counted in the loader's RAM budget.
+    /// `0` (the default) for a source that holds nothing per read.
+    fn memory(&self) -> u64 {
+        0
+    }
 }
 
 /// `Source` for smart pointers to a source, forwarding every method.
@@ -329,6 +340,9 @@ macro_rules! forward_source {
             }
             fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
                 (**self).epoch_order(seed, epoch)
+            }
+            fn memory(&self) -> u64 {
+                (**self).memory()
             }
         }
     };

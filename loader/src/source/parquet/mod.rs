@@ -1,0 +1,794 @@
+//! Parquet files as a source, as the Hugging Face Hub stores nearly every
+//! dataset: row `i` of the files in order is sample `i`.
+//!
+//! - **Opening** reads each file's footer only (two ranged reads): the
+//!   length, the row groups and the schema come from the footers.
+//! - **Row groups** are the unit of reading: a row group's projected
+//!   column chunks are fetched together (concurrent ranged requests from
+//!   object storage, never the whole file) and decoded into Arrow arrays
+//!   once, kept in a bounded cache of decoded row groups (counted in the
+//!   loader's RAM budget).
+//! - **Block shuffle**: the loader takes each epoch's order from the
+//!   source ([`Source::epoch_order`]): the row groups permuted from
+//!   `(seed, epoch)`, the rows shuffled within windows of
+//!   [`ParquetOptions::shuffle_window`] row groups, so an epoch decodes
+//!   each row group about once; without a seed, the stored order. A pure
+//!   function of the seed and epoch: resume is exact.
+//! - **Projection**: only the columns the map reads are decoded: the
+//!   image column's `bytes` (the Hub's `Image` feature is a struct
+//!   `{bytes, path}`; a plain binary column works too), the label column,
+//!   and the record parts the map asks for ([`Parts`]), any column by name.
+//! - **Labels**: an integer column, or a string column mapped through the
+//!   `ClassLabel` names of the file's `huggingface` metadata
+//!   ([`Parquet::classes`]).
+//! - **Filters** ([`RowFilter`]): row groups whose statistics exclude the
+//!   filter are never read; the filter column of the rest is read once at
+//!   open, and a row group's decode skips the pages without a kept row
+//!   (the page index).
+
+mod io;
+
+use super::{check_index, Parts, Record, Source, Value};
+use crate::error::{Error, Result};
+use crate::rng::{keyed_rng, Purpose};
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef, RecordBatch, StructArray};
+use arrow_schema::DataType;
+use io::{ParquetFile, Reads, RowGroupCache};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
+use rand::seq::SliceRandom;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A filter on rows, applied when a [`Parquet`] source is opened.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RowFilter {
+    /// Rows whose integer column `column` lies in `range`.
+    IntRange {
+        /// The column.
+        column: String,
+        /// The values kept.
+        range: RangeInclusive<i64>,
+    },
+    /// Rows whose string column `column` is one of `values`.
+    TextIn {
+        /// The column.
+        column: String,
+        /// The values kept.
+        values: Vec<String>,
+    },
+}
+
+impl RowFilter {
+    fn column(&self) -> &str {
+        match self {
+            RowFilter::IntRange { column, .. } | RowFilter::TextIn { column, .. } => column,
+        }
+    }
+}
+
+/// How a [`Parquet`] source reads its files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParquetOptions {
+    /// The image column: a struct with a `bytes` field (the Hub's `Image`
+    /// feature) or a binary column. Default `image`; `None`: no image
+    /// (records carry only parts).
+    pub image_column: Option<String>,
+    /// The class column: integers, or strings mapped through the
+    /// `ClassLabel` names. Default `label`; `None`, or a file without the
+    /// column: every label 0.
+    pub label_column: Option<String>,
+    /// Row groups whose rows are shuffled together. Default 16.
+    pub shuffle_window: usize,
+    /// Decoded row groups kept in memory. Default 0: two shuffle windows.
+    pub cached_row_groups: usize,
+    /// Rows kept. Default: all.
+    pub filter: Option<RowFilter>,
+}
+
+impl Default for ParquetOptions {
+    fn default() -> Self {
+        Self {
+            image_column: Some("image".into()),
+            label_column: Some("label".into()),
+            shuffle_window: 16,
+            cached_row_groups: 0,
+            filter: None,
+        }
+    }
+}
+
+/// One row group's rows in the dataset.
+#[derive(Debug)]
+struct Group {
+    file: usize,
+    row_group: usize,
+    /// The kept rows' offsets in the row group (`None`: every row).
+    rows: Option<Vec<u32>>,
+    /// Rows kept.
+    count: usize,
+}
+
+#[derive(Debug)]
+struct FileMeta {
+    file: Arc<ParquetFile>,
+    meta: ArrowReaderMetadata,
+}
+
+/// Parquet files as a source of records (module docs). Sample `i` is the
+/// `i`-th kept row of the files in order; its key is `file#row`.
+///
+/// ```no_run
+/// use candle_wick::source::{Parquet, ParquetOptions};
+/// # fn main() -> candle_wick::Result<()> {
+/// let train = Parquet::open(["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"])?;
+/// println!("{} rows, classes {:?}", candle_wick::Source::len(&train), train.classes());
+/// let loader = candle_wick::Loader::builder(train).shuffle(0).build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Parquet {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    files: Vec<FileMeta>,
+    groups: Vec<Group>,
+    /// The first sample of each group, then the total.
+    starts: Vec<usize>,
+    opts: ParquetOptions,
+    classes: Option<Vec<String>>,
+    cache: RowGroupCache,
+    reads: Arc<Reads>,
+}
+
+impl Parquet {
+    /// Opens the Parquet files `paths` (local paths or URLs) with the
+    /// default options.
+    pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
+        Self::open_with(paths, ParquetOptions::default())
+    }
+
+    /// Opens the Parquet files `paths` with `opts`. An error names a file
+    /// that is not Parquet, lacks a column the options name, or whose
+    /// schema differs from the first file's.
+    pub fn open_with(
+        paths: impl IntoIterator<Item = impl AsRef<Path>>,
+        opts: ParquetOptions,
+    ) -> Result<Self> {
+        let reads = Arc::new(Reads::default());
+        let mut files = Vec::new();
+        for path in paths {
+            files.push(open_file(path.as_ref(), &reads)?);
+        }
+        if files.is_empty() {
+            return Err(Error::InvalidConfig("no Parquet file to open".into()));
+        }
+        if opts.shuffle_window == 0 {
+            return Err(Error::InvalidConfig(
+                "shuffle_window must be at least 1 row group".into(),
+            ));
+        }
+        let first = files[0].meta.schema().clone();
+        for f in &files[1..] {
+            if f.meta.schema().fields() != first.fields() {
+                return Err(f.file.error(
+                    "has another schema than the first file",
+                    std::io::Error::other(format!("{:?} against {:?}", f.meta.schema(), first)),
+                ));
+            }
+        }
+        for column in [&opts.image_column].into_iter().flatten() {
+            if first.field_with_name(column).is_err() {
+                return Err(files[0].file.error(
+                    &format!("has no column {column:?}"),
+                    std::io::Error::other(format!("its columns: {:?}", column_names(&first))),
+                ));
+            }
+        }
+        let classes = files[0].classes(opts.label_column.as_deref());
+        let mut groups = Vec::new();
+        for (f, fm) in files.iter().enumerate() {
+            for rg in 0..fm.meta.metadata().num_row_groups() {
+                let rows = fm.meta.metadata().row_group(rg).num_rows() as usize;
+                let kept = match &opts.filter {
+                    Some(filter) => fm.filter(rg, filter)?,
+                    None => None,
+                };
+                let count = kept.as_ref().map_or(rows, Vec::len);
+                if count > 0 {
+                    groups.push(Group {
+                        file: f,
+                        row_group: rg,
+                        rows: kept,
+                        count,
+                    });
+                }
+            }
+        }
+        let mut starts = vec![0];
+        for g in &groups {
+            starts.push(starts.last().copied().unwrap_or(0) + g.count);
+        }
+        let capacity = match opts.cached_row_groups {
+            0 => 2 * opts.shuffle_window,
+            n => n,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                files,
+                groups,
+                starts,
+                cache: RowGroupCache::new(capacity),
+                opts,
+                classes,
+                reads,
+            }),
+        })
+    }
+
+    /// The class names, from the label column's `ClassLabel` in the
+    /// first file's `huggingface` metadata, when it has them.
+    pub fn classes(&self) -> Option<&[String]> {
+        self.inner.classes.as_deref()
+    }
+
+    /// Row groups, over every file (those the filter leaves out not
+    /// counted).
+    pub fn row_groups(&self) -> usize {
+        self.inner.groups.len()
+    }
+
+    /// Bytes read from the files so far (footers, column chunks).
+    pub fn bytes_read(&self) -> u64 {
+        self.inner.reads.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The column names of the files.
+    pub fn columns(&self) -> Vec<String> {
+        column_names(self.inner.files[0].meta.schema())
+    }
+
+    /// Starts recording each range read (for the tests: which bytes of
+    /// which file a decode touches).
+    #[doc(hidden)]
+    pub fn __record_reads(&self) -> Vec<(PathBuf, std::ops::Range<u64>)> {
+        self.inner.reads.record.store(true, Ordering::Relaxed);
+        std::mem::take(&mut *crate::lock(&self.inner.reads.ranges))
+    }
+
+    /// The byte ranges of column `column`'s chunks (for the tests).
+    #[doc(hidden)]
+    pub fn __column_ranges(&self, column: &str) -> Vec<(PathBuf, std::ops::Range<u64>)> {
+        let mut out = Vec::new();
+        for f in &self.inner.files {
+            for rg in f.meta.metadata().row_groups() {
+                for c in rg.columns() {
+                    if c.column_path().parts().first().map(String::as_str) == Some(column) {
+                        let (start, len) = c.byte_range();
+                        out.push((f.file.path.clone(), start..start + len));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The group of sample `index` and the row's offset in its row group.
+    fn locate(&self, index: usize) -> Result<(usize, usize)> {
+        check_index(index, self.len())?;
+        let g = self.inner.starts.partition_point(|&s| s <= index) - 1;
+        let k = index - self.inner.starts[g];
+        let group = &self.inner.groups[g];
+        let row = group.rows.as_ref().map_or(k, |r| r[k] as usize);
+        Ok((g, row))
+    }
+
+    /// The columns read for `parts`: the image's, the label's, the parts'.
+    fn projection(&self, parts: &Parts) -> Vec<String> {
+        let schema = self.inner.files[0].meta.schema();
+        let mut cols: Vec<String> = Vec::new();
+        let mut add = |c: &str| {
+            if schema.field_with_name(c).is_ok() && !cols.iter().any(|x| x == c) {
+                cols.push(c.to_string());
+            }
+        };
+        if let Some(c) = &self.inner.opts.image_column {
+            add(c);
+        }
+        if let Some(c) = &self.inner.opts.label_column {
+            add(c);
+        }
+        match parts {
+            Parts::Default => {}
+            Parts::Named(names) => names.iter().for_each(|n| add(n)),
+            Parts::All => schema.fields().iter().for_each(|f| add(f.name())),
+        }
+        cols
+    }
+
+    /// Group `g` decoded, with the columns `cols` (from the cache).
+    fn decoded(&self, g: usize, cols: &[String]) -> Result<Arc<RecordBatch>> {
+        let group = &self.inner.groups[g];
+        let id = crc32c::crc32c(cols.join("\0").as_bytes()) as u64;
+        let key = (group.file, group.row_group, id);
+        self.inner.cache.get(key, || {
+            self.inner.files[group.file].decode(
+                group.row_group,
+                cols,
+                self.inner.opts.image_column.as_deref(),
+                group.rows.as_deref(),
+            )
+        })
+    }
+
+    /// Row `row` of decoded group `batch` (rows of a filtered group are
+    /// its kept rows, in order) as a record.
+    fn record(
+        &self,
+        index: usize,
+        (g, row): (usize, usize),
+        parts: &Parts,
+        mut bytes: Vec<u8>,
+    ) -> Result<Record> {
+        let cols = self.projection(parts);
+        let batch = self.decoded(g, &cols)?;
+        let group = &self.inner.groups[g];
+        // A filtered row group decodes its kept rows only.
+        let at = match &group.rows {
+            Some(rows) => rows.partition_point(|&r| (r as usize) < row),
+            None => row,
+        };
+        let key = self.key(index);
+        let bad = |reason: String| Error::Transform {
+            key: key.clone(),
+            reason,
+            source: None,
+        };
+        bytes.clear();
+        if let Some(c) = &self.inner.opts.image_column {
+            let array = batch
+                .column_by_name(c)
+                .ok_or_else(|| bad(format!("no column {c:?}")))?;
+            let b = image_bytes(array.as_ref(), at)
+                .map_err(|why| bad(format!("column {c:?}: {why}")))?;
+            bytes.extend_from_slice(b);
+        }
+        let label = match self.inner.opts.label_column.as_deref() {
+            Some(c) => match batch.column_by_name(c) {
+                Some(array) => self
+                    .label(array, at)
+                    .map_err(|why| bad(format!("label column {c:?}: {why}")))?,
+                None => 0,
+            },
+            None => 0,
+        };
+        let mut record = Record::encoded(key.clone(), bytes, label);
+        for name in &cols {
+            if parts.wants(name) {
+                let array = batch.column_by_name(name).expect("projected");
+                let v = value(array, at).map_err(|why| bad(format!("column {name:?}: {why}")))?;
+                record = record.with_part(name.clone(), v);
+            }
+        }
+        Ok(record)
+    }
+
+    fn label(&self, array: &ArrayRef, at: usize) -> std::result::Result<u32, String> {
+        if array.is_null(at) {
+            return Err("the label is null".into());
+        }
+        if let Some(text) = text_at(array, at) {
+            let names = self.inner.classes.as_ref().ok_or_else(|| {
+                format!("label {text:?} is text, and the file has no ClassLabel names")
+            })?;
+            return names
+                .iter()
+                .position(|n| n == text)
+                .map(|i| i as u32)
+                .ok_or_else(|| format!("label {text:?} is not one of the ClassLabel names"));
+        }
+        let v = int_at(array, at)
+            .ok_or_else(|| format!("of type {}, not integers or text", array.data_type()))?;
+        u32::try_from(v).map_err(|_| format!("label {v} is not a class index"))
+    }
+}
+
+impl FileMeta {
+    /// `ClassLabel` names of `column` from the `huggingface` metadata.
+    fn classes(&self, column: Option<&str>) -> Option<Vec<String>> {
+        let column = column?;
+        let kv = self.meta.metadata().file_metadata().key_value_metadata()?;
+        let json = kv.iter().find(|k| k.key == "huggingface")?.value.as_ref()?;
+        let v: serde_json::Value = serde_json::from_str(json).ok()?;
+        let feature = &v["info"]["features"][column];
+        let names = feature["names"].as_array()?;
+        names.iter().map(|n| n.as_str().map(String::from)).collect()
+    }
+
+    /// The rows of row group `rg` that `filter` keeps (`None`: all):
+    /// nothing read when the statistics say no row or every row matches.
+    fn filter(&self, rg: usize, filter: &RowFilter) -> Result<Option<Vec<u32>>> {
+        let meta = self.meta.metadata().row_group(rg);
+        let rows = meta.num_rows() as usize;
+        let column = filter.column();
+        let idx = meta
+            .columns()
+            .iter()
+            .position(|c| c.column_path().string() == column)
+            .ok_or_else(|| {
+                self.file.error(
+                    &format!("has no column {column:?} to filter on"),
+                    std::io::Error::other(format!(
+                        "its columns: {:?}",
+                        column_names(self.meta.schema())
+                    )),
+                )
+            })?;
+        if let (RowFilter::IntRange { range, .. }, Some(stats)) =
+            (filter, meta.column(idx).statistics())
+        {
+            let bounds = match stats {
+                parquet::file::statistics::Statistics::Int32(s) => s
+                    .min_opt()
+                    .zip(s.max_opt())
+                    .map(|(a, b)| (i64::from(*a), i64::from(*b))),
+                parquet::file::statistics::Statistics::Int64(s) => {
+                    s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a, *b))
+                }
+                _ => None,
+            };
+            if let Some((lo, hi)) = bounds {
+                if hi < *range.start() || lo > *range.end() {
+                    return Ok(Some(Vec::new()));
+                }
+                if lo >= *range.start() && hi <= *range.end() && stats.null_count_opt() == Some(0) {
+                    return Ok(None);
+                }
+            }
+        }
+        let batch = self.decode(rg, &[column.to_string()], None, None)?;
+        let array = batch.column(0);
+        let keep = |i: usize| -> bool {
+            if array.is_null(i) {
+                return false;
+            }
+            match filter {
+                RowFilter::IntRange { range, .. } => {
+                    int_at(array, i).is_some_and(|v| range.contains(&v))
+                }
+                RowFilter::TextIn { values, .. } => {
+                    text_at(array, i).is_some_and(|t| values.iter().any(|v| v == t))
+                }
+            }
+        };
+        let kept: Vec<u32> = (0..rows).filter(|&i| keep(i)).map(|i| i as u32).collect();
+        Ok(if kept.len() == rows { None } else { Some(kept) })
+    }
+
+    /// Decodes row group `rg`'s columns `cols` (the image column's `bytes`
+    /// field only), its rows `rows` only when given (pages without one
+    /// skipped).
+    fn decode(
+        &self,
+        rg: usize,
+        cols: &[String],
+        image: Option<&str>,
+        rows: Option<&[u32]>,
+    ) -> Result<RecordBatch> {
+        let schema = self.meta.parquet_schema();
+        let names: Vec<String> = cols
+            .iter()
+            .map(|c| match image {
+                Some(i) if i == c && is_struct_with_bytes(self.meta.schema(), c) => {
+                    format!("{c}.bytes")
+                }
+                _ => c.clone(),
+            })
+            .collect();
+        let mask = ProjectionMask::columns(schema, names.iter().map(String::as_str));
+        let meta = self.meta.metadata().row_group(rg);
+        let ranges: Vec<std::ops::Range<u64>> = meta
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask.leaf_included(*i))
+            .map(|(_, c)| {
+                let (start, len) = c.byte_range();
+                start..start + len
+            })
+            .collect();
+        let chunks = self.file.fetch(ranges)?;
+        let total = meta.num_rows() as usize;
+        let mut builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(chunks, self.meta.clone())
+                .with_row_groups(vec![rg])
+                .with_projection(mask)
+                .with_batch_size(total.max(1));
+        if let Some(rows) = rows {
+            builder = builder.with_row_selection(selection(rows, total));
+        }
+        let what = format!("cannot decode row group {rg}");
+        let reader = builder.build().map_err(|e| self.file.error(&what, e))?;
+        let batches: Vec<RecordBatch> = reader
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| self.file.error(&what, e))?;
+        // One batch: the batch size is the row group's rows.
+        let n = batches.len();
+        batches
+            .into_iter()
+            .next()
+            .filter(|_| n == 1)
+            .ok_or_else(|| {
+                self.file.error(
+                    &what,
+                    std::io::Error::other(format!("{n} batches, not one")),
+                )
+            })
+    }
+}
+
+/// Opens `path`'s footer (and page index, when it has one).
+fn open_file(path: &Path, reads: &Arc<Reads>) -> Result<FileMeta> {
+    let file = Arc::new(ParquetFile::open(path, reads.clone())?);
+    if file.size() < 12 {
+        return Err(file.error(
+            "is not a Parquet file",
+            std::io::Error::other(format!("{} bytes: shorter than a footer", file.size())),
+        ));
+    }
+    let metadata = ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(&*file)
+        .map_err(|e| file.error("is not a readable Parquet file (its footer)", e))?;
+    let options = ArrowReaderOptions::new();
+    let meta = ArrowReaderMetadata::try_new(Arc::new(metadata), options)
+        .map_err(|e| file.error("has a schema Arrow cannot read", e))?;
+    Ok(FileMeta { file, meta })
+}
+
+/// Rows `rows` (sorted offsets) of a row group of `total` rows.
+fn selection(rows: &[u32], total: usize) -> RowSelection {
+    let mut selectors = Vec::new();
+    let mut at = 0usize;
+    for &r in rows {
+        let r = r as usize;
+        if r > at {
+            selectors.push(RowSelector::skip(r - at));
+        }
+        selectors.push(RowSelector::select(1));
+        at = r + 1;
+    }
+    if total > at {
+        selectors.push(RowSelector::skip(total - at));
+    }
+    selectors.into()
+}
+
+fn column_names(schema: &arrow_schema::Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
+}
+
+fn is_struct_with_bytes(schema: &arrow_schema::Schema, column: &str) -> bool {
+    matches!(
+        schema.field_with_name(column).map(|f| f.data_type()),
+        Ok(DataType::Struct(fields)) if fields.iter().any(|f| f.name() == "bytes")
+    )
+}
+
+/// The bytes of row `at` of an image column: a struct's `bytes` field or
+/// a binary column.
+fn image_bytes(array: &dyn Array, at: usize) -> std::result::Result<&[u8], String> {
+    let array: &dyn Array = match array.as_struct_opt() {
+        Some(s) => struct_field(s, "bytes")?,
+        None => array,
+    };
+    if array.is_null(at) {
+        return Err("the image bytes are null (an image stored by path only)".into());
+    }
+    binary_at(array, at).ok_or_else(|| format!("of type {}, not bytes", array.data_type()))
+}
+
+fn struct_field<'a>(s: &'a StructArray, name: &str) -> std::result::Result<&'a dyn Array, String> {
+    s.column_by_name(name)
+        .map(|a| a.as_ref())
+        .ok_or_else(|| format!("a struct without a {name:?} field"))
+}
+
+fn binary_at(array: &dyn Array, at: usize) -> Option<&[u8]> {
+    match array.data_type() {
+        DataType::Binary => Some(array.as_binary::<i32>().value(at)),
+        DataType::LargeBinary => Some(array.as_binary::<i64>().value(at)),
+        DataType::BinaryView => Some(array.as_binary_view().value(at)),
+        DataType::FixedSizeBinary(_) => Some(array.as_fixed_size_binary().value(at)),
+        _ => None,
+    }
+}
+
+fn text_at(array: &dyn Array, at: usize) -> Option<&str> {
+    match array.data_type() {
+        DataType::Utf8 => Some(array.as_string::<i32>().value(at)),
+        DataType::LargeUtf8 => Some(array.as_string::<i64>().value(at)),
+        DataType::Utf8View => Some(array.as_string_view().value(at)),
+        _ => None,
+    }
+}
+
+fn int_at(array: &dyn Array, at: usize) -> Option<i64> {
+    Some(match array.data_type() {
+        DataType::Int8 => array.as_primitive::<Int8Type>().value(at).into(),
+        DataType::Int16 => array.as_primitive::<Int16Type>().value(at).into(),
+        DataType::Int32 => array.as_primitive::<Int32Type>().value(at).into(),
+        DataType::Int64 => array.as_primitive::<Int64Type>().value(at),
+        DataType::UInt8 => array.as_primitive::<UInt8Type>().value(at).into(),
+        DataType::UInt16 => array.as_primitive::<UInt16Type>().value(at).into(),
+        DataType::UInt32 => array.as_primitive::<UInt32Type>().value(at).into(),
+        DataType::UInt64 => i64::try_from(array.as_primitive::<UInt64Type>().value(at)).ok()?,
+        _ => return None,
+    })
+}
+
+fn float_at(array: &dyn Array, at: usize) -> Option<f32> {
+    Some(match array.data_type() {
+        DataType::Float32 => array.as_primitive::<Float32Type>().value(at),
+        DataType::Float64 => array.as_primitive::<Float64Type>().value(at) as f32,
+        _ => return None,
+    })
+}
+
+/// Row `at` of any column as a record part.
+fn value(array: &ArrayRef, at: usize) -> std::result::Result<Value, String> {
+    if let Some(s) = array.as_struct_opt() {
+        // The Hub's Image and Audio features: the `bytes` field.
+        return image_bytes(s, at).map(|b| Value::Bytes(b.to_vec()));
+    }
+    if array.is_null(at) {
+        return Err("null".into());
+    }
+    if let Some(b) = binary_at(array.as_ref(), at) {
+        return Ok(Value::Bytes(b.to_vec()));
+    }
+    if let Some(t) = text_at(array.as_ref(), at) {
+        return Ok(Value::Text(t.to_string()));
+    }
+    if let Some(v) = int_at(array.as_ref(), at) {
+        return Ok(Value::Int64(vec![v]));
+    }
+    if let Some(v) = float_at(array.as_ref(), at) {
+        return Ok(Value::Float(vec![v]));
+    }
+    let list: Option<ArrayRef> = match array.data_type() {
+        DataType::List(_) => Some(array.as_list::<i32>().value(at)),
+        DataType::LargeList(_) => Some(array.as_list::<i64>().value(at)),
+        DataType::FixedSizeList(..) => Some(array.as_fixed_size_list().value(at)),
+        _ => None,
+    };
+    let Some(items) = list else {
+        return Err(format!(
+            "of type {}, which no part holds",
+            array.data_type()
+        ));
+    };
+    let n = items.len();
+    if let Some(v) = (0..n)
+        .map(|i| int_at(items.as_ref(), i))
+        .collect::<Option<Vec<_>>>()
+    {
+        return Ok(Value::Int64(v));
+    }
+    if let Some(v) = (0..n)
+        .map(|i| float_at(items.as_ref(), i))
+        .collect::<Option<Vec<_>>>()
+    {
+        return Ok(Value::Float(v));
+    }
+    if let Some(v) = (0..n)
+        .map(|i| binary_at(items.as_ref(), i).map(<[u8]>::to_vec))
+        .collect::<Option<Vec<_>>>()
+    {
+        return Ok(Value::BytesList(v));
+    }
+    Err(format!(
+        "a list of {}, which no part holds",
+        items.data_type()
+    ))
+}
+
+impl Source for Parquet {
+    fn len(&self) -> usize {
+        *self.inner.starts.last().expect("the total")
+    }
+
+    fn read(&self, index: usize) -> Result<Record> {
+        self.read_parts(index, &Parts::Default, Vec::new())
+    }
+
+    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
+        self.read_parts(index, &Parts::Default, bytes)
+    }
+
+    fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
+        let at = self.locate(index)?;
+        self.record(index, at, parts, bytes)
+    }
+
+    fn key(&self, index: usize) -> String {
+        match self.locate(index) {
+            Ok((g, row)) => {
+                let group = &self.inner.groups[g];
+                let meta = self.inner.files[group.file].meta.metadata();
+                let before: i64 = meta.row_groups()[..group.row_group]
+                    .iter()
+                    .map(|r| r.num_rows())
+                    .sum();
+                let path = &self.inner.files[group.file].file.path;
+                format!("{}#{}", path.display(), before as usize + row)
+            }
+            Err(_) => format!("#{index}"),
+        }
+    }
+
+    /// Each file's name, size and row groups, the columns read and the
+    /// filter.
+    fn digest(&self) -> u32 {
+        let inner = &*self.inner;
+        let mut text = format!(
+            "parquet {:?} {:?} window {} filter {:?}",
+            inner.opts.image_column,
+            inner.opts.label_column,
+            inner.opts.shuffle_window,
+            inner.opts.filter
+        );
+        for f in &inner.files {
+            let name = f
+                .file
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            text.push_str(&format!(
+                " {name:?}:{}:{}",
+                f.file.size(),
+                f.meta.metadata().num_row_groups()
+            ));
+        }
+        crc32c::crc32c(text.as_bytes())
+    }
+
+    fn is_remote(&self) -> bool {
+        crate::storage::is_url(&self.inner.files[0].file.path)
+    }
+
+    fn memory(&self) -> u64 {
+        self.inner.cache.memory()
+    }
+
+    /// The block shuffle: row groups permuted, rows shuffled within each
+    /// window of `shuffle_window` row groups.
+    fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+        let Some(seed) = seed else {
+            return Some((0..self.len()).collect());
+        };
+        let mut groups: Vec<usize> = (0..self.inner.groups.len()).collect();
+        groups.shuffle(&mut keyed_rng(seed, epoch, Purpose::BlockShuffle, 0));
+        let mut order = Vec::with_capacity(self.len());
+        for (w, window) in groups.chunks(self.inner.opts.shuffle_window).enumerate() {
+            let start = order.len();
+            for &g in window {
+                order.extend(self.inner.starts[g]..self.inner.starts[g + 1]);
+            }
+            let mut rng = keyed_rng(seed, epoch, Purpose::BlockShuffle, 1 + w as u64);
+            order[start..].shuffle(&mut rng);
+        }
+        Some(order)
+    }
+}

@@ -1,0 +1,314 @@
+//! Parquet written by the real writers (`datasets`' `Dataset.to_parquet`
+//! with `Image` and `ClassLabel` features, the push_to_hub and
+//! auto-converted layouts, pyarrow with every codec:
+//! tests/fixtures/hf_parquet.py) read byte-, pixel- and label-exact;
+//! class names from the metadata; unprojected columns never read; the
+//! block shuffle deterministic per (seed, epoch) and decoding each row
+//! group about once; resume exact; filters; the same batches from a URL;
+//! a damaged file an error naming it.
+
+use candle_wick::source::{Parquet, ParquetOptions, Parts, RowFilter, Value};
+use candle_wick::{Loader, Source};
+use std::path::{Path, PathBuf};
+
+const ROWS: usize = 30;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    /// Per row: the image file's bytes, the label, the caption.
+    rows: Vec<(Vec<u8>, u32, String)>,
+}
+
+fn fixture() -> Option<Fixture> {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    tests::python_fixture(
+        "hf_parquet.py",
+        &[root.to_str().unwrap(), &ROWS.to_string()],
+    )?;
+    let listing: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("rows.json")).unwrap()).unwrap();
+    let rows = listing
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let file = root.join("images").join(r["file"].as_str().unwrap());
+            (
+                std::fs::read(file).unwrap(),
+                r["label"].as_u64().unwrap() as u32,
+                r["caption"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    Some(Fixture {
+        _dir: dir,
+        root,
+        rows,
+    })
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_writer_and_codec_reads_exactly() {
+    let Some(fx) = fixture() else { return };
+    let mut sets = vec![
+        vec![fx.root.join("to_parquet/train.parquet")],
+        files(&fx.root.join("hub/data")),
+        files(&fx.root.join("convert/default/train")),
+    ];
+    for codec in ["none", "snappy", "gzip", "zstd", "lz4"] {
+        sets.push(vec![fx.root.join(format!("codecs/{codec}.parquet"))]);
+    }
+    for paths in sets {
+        let p = Parquet::open(&paths).unwrap();
+        assert_eq!(p.len(), ROWS, "{paths:?}");
+        assert_eq!(p.classes().unwrap(), ["cat", "dog", "owl"], "{paths:?}");
+        let parts = Parts::Named(vec!["caption".into()]);
+        for (i, (bytes, label, caption)) in fx.rows.iter().enumerate() {
+            let r = p.read_parts(i, &parts, Vec::new()).unwrap();
+            assert_eq!(&r.bytes, bytes, "{paths:?} row {i}: the image bytes");
+            assert_eq!(r.label, *label, "{paths:?} row {i}");
+            assert_eq!(r.part("caption"), Some(&Value::Text(caption.clone())));
+        }
+    }
+}
+
+#[test]
+fn a_hub_dataset_trains_through_the_loader_pixel_exact() {
+    let Some(fx) = fixture() else { return };
+    let p = Parquet::open(files(&fx.root.join("hub/data"))).unwrap();
+    // The images at their own size: each batch holds one, decoded.
+    let map = candle_wick::map::map_fn(
+        vec![candle_wick::fields::Field::padded(
+            "rgb",
+            candle_wick::fields::FieldType::U8,
+            &[32 * 32 * 3],
+            0.0,
+        )],
+        |s| {
+            let mut px = Vec::new();
+            candle_wick::ops::decode_rgb_into(s.key(), &s.record().bytes, &mut px)?;
+            s.take::<u8>(0)?[..px.len()].copy_from_slice(&px);
+            s.set_len(0, px.len())
+        },
+    );
+    let mut loader = Loader::builder(p.clone())
+        .map(map)
+        .batch_size(1)
+        .shuffle(5)
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for b in loader.epoch(0) {
+        let b = b.unwrap();
+        let i = b.indices[0];
+        let n = b.get("rgb_len").unwrap().to_vec1::<u32>().unwrap()[0] as usize;
+        let got = b
+            .get("rgb")
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<u8>()
+            .unwrap();
+        // PNGs against another decoder; JPEGs (where decoders differ in
+        // rounding) against the loader's own decode of the original file.
+        let want = match image::guess_format(&fx.rows[i].0).unwrap() {
+            image::ImageFormat::Png => image::load_from_memory(&fx.rows[i].0)
+                .unwrap()
+                .to_rgb8()
+                .into_raw(),
+            _ => {
+                let mut px = Vec::new();
+                candle_wick::ops::decode_rgb_into("original", &fx.rows[i].0, &mut px).unwrap();
+                px
+            }
+        };
+        assert_eq!(&got[..n], &want[..], "row {i}");
+        seen += 1;
+    }
+    assert_eq!(seen, ROWS);
+}
+
+#[test]
+fn unprojected_columns_are_never_read() {
+    let Some(fx) = fixture() else { return };
+    let p = Parquet::open([fx.root.join("to_parquet/train.parquet")]).unwrap();
+    p.__record_reads();
+    let overlaps = |reads: &[(PathBuf, std::ops::Range<u64>)], column: &str| {
+        let chunks = p.__column_ranges(column);
+        assert!(!chunks.is_empty());
+        reads.iter().any(|(f, r)| {
+            chunks
+                .iter()
+                .any(|(g, c)| f == g && r.start < c.end && c.start < r.end)
+        })
+    };
+    for i in 0..ROWS {
+        p.read(i).unwrap();
+    }
+    let reads = p.__record_reads();
+    assert!(!reads.is_empty());
+    assert!(!overlaps(&reads, "blob") && !overlaps(&reads, "caption"));
+    assert!(overlaps(&reads, "image") && overlaps(&reads, "label"));
+    // The blob column is most of the file; the reads are a fraction of it.
+    let size = std::fs::metadata(fx.root.join("to_parquet/train.parquet"))
+        .unwrap()
+        .len();
+    assert!(p.bytes_read() < size / 4, "{} of {size}", p.bytes_read());
+
+    // A part asked for is read; the blob still is not.
+    let parts = Parts::Named(vec!["caption".into()]);
+    let fresh = Parquet::open([fx.root.join("to_parquet/train.parquet")]).unwrap();
+    fresh.__record_reads();
+    for i in 0..ROWS {
+        fresh.read_parts(i, &parts, Vec::new()).unwrap();
+    }
+    let reads = fresh.__record_reads();
+    let chunks = |c| fresh.__column_ranges(c);
+    let touches = |c| {
+        chunks(c).iter().any(|(_, r)| {
+            reads
+                .iter()
+                .any(|(_, x)| x.start < r.end && r.start < x.end)
+        })
+    };
+    assert!(touches("caption") && !touches("blob"));
+}
+
+#[test]
+fn the_block_shuffle_is_deterministic_resumes_and_decodes_each_row_group_once() {
+    let Some(fx) = fixture() else { return };
+    let path = fx.root.join("to_parquet/train.parquet");
+    let opts = ParquetOptions {
+        shuffle_window: 2,
+        ..Default::default()
+    };
+    let open = || Parquet::open_with([&path], opts.clone()).unwrap();
+    let batches = |p: &Parquet, seed, epoch| {
+        Loader::builder(p.clone())
+            .batch_size(4)
+            .shuffle(seed)
+            .build()
+            .unwrap()
+            .batches(epoch)
+    };
+    let p = open();
+    assert_eq!(p.row_groups(), 5);
+    assert_eq!(batches(&p, 1, 0), batches(&open(), 1, 0));
+    assert_ne!(batches(&p, 1, 0), batches(&p, 1, 1));
+    assert_ne!(batches(&p, 1, 0), batches(&p, 2, 0));
+    let mut all: Vec<usize> = batches(&p, 1, 3).concat();
+    all.sort();
+    assert_eq!(all, (0..ROWS).collect::<Vec<_>>());
+    // Rows of one window of 2 row groups (7 rows each) stay together: the
+    // first 3 batches (the loader shuffles each batch's stretch within
+    // itself, and the 4th holds the window's end) come from 2 row groups.
+    let first: Vec<usize> = batches(&p, 1, 0).concat()[..12].to_vec();
+    let mut groups: Vec<usize> = first.iter().map(|i| i / 7).collect();
+    groups.dedup();
+    groups.sort();
+    groups.dedup();
+    assert!(groups.len() <= 2, "{first:?}");
+
+    // An epoch through the workers decodes each row group once: the
+    // bytes read are the projected column chunks', once.
+    let image_and_label: u64 = ["image", "label"]
+        .iter()
+        .flat_map(|c| p.__column_ranges(c))
+        .map(|(_, r)| r.end - r.start)
+        .sum();
+    let before = p.bytes_read();
+    let mut loader = Loader::builder(p.clone())
+        .batch_size(4)
+        .shuffle(1)
+        .workers(2)
+        .build()
+        .unwrap();
+    for b in loader.epoch(0) {
+        b.unwrap();
+    }
+    let read = p.bytes_read() - before;
+    assert!(
+        read <= image_and_label + image_and_label / 4,
+        "{read} of {image_and_label}"
+    );
+
+    // Resume mid-epoch: the rest of the uninterrupted epoch.
+    let build = || Loader::builder(open()).batch_size(4).shuffle(9);
+    let mut full = build().build().unwrap();
+    let whole: Vec<Vec<usize>> = full.epoch(2).map(|b| b.unwrap().indices).collect();
+    let mut first = build().build().unwrap();
+    let state = {
+        let mut e = first.epoch(2);
+        e.next().unwrap().unwrap();
+        e.next().unwrap().unwrap().state()
+    };
+    let mut resumed = build().resume(state).build().unwrap();
+    let rest: Vec<Vec<usize>> = resumed.next_epoch().map(|b| b.unwrap().indices).collect();
+    assert_eq!(rest, whole[2..]);
+}
+
+#[test]
+fn filters_keep_their_rows_and_skip_the_rest() {
+    let Some(fx) = fixture() else { return };
+    let path = fx.root.join("to_parquet/train.parquet");
+    let open = |filter| {
+        let opts = ParquetOptions {
+            filter: Some(filter),
+            ..Default::default()
+        };
+        Parquet::open_with([&path], opts).unwrap()
+    };
+    let p = open(RowFilter::IntRange {
+        column: "label".into(),
+        range: 1..=1,
+    });
+    let want: Vec<usize> = (0..ROWS).filter(|&i| fx.rows[i].1 == 1).collect();
+    assert_eq!(p.len(), want.len());
+    for (k, &i) in want.iter().enumerate() {
+        let r = p.read(k).unwrap();
+        assert_eq!((&r.bytes, r.label), (&fx.rows[i].0, 1), "kept row {k}");
+        assert!(r.key.ends_with(&format!("#{i}")), "{}", r.key);
+    }
+    let p = open(RowFilter::TextIn {
+        column: "caption".into(),
+        values: vec!["picture 3".into(), "picture 17".into()],
+    });
+    assert_eq!(p.len(), 2);
+    assert_eq!(p.read(1).unwrap().bytes, fx.rows[17].0);
+}
+
+#[test]
+fn urls_read_the_same_and_damage_is_named() {
+    let Some(fx) = fixture() else { return };
+    let paths = files(&fx.root.join("hub/data"));
+    let urls: Vec<PathBuf> = paths
+        .iter()
+        .map(|p| format!("file://{}", p.canonicalize().unwrap().display()).into())
+        .collect();
+    let batches =
+        |p: Parquet| -> Vec<Vec<u8>> { (0..p.len()).map(|i| p.read(i).unwrap().bytes).collect() };
+    assert_eq!(
+        batches(Parquet::open(&urls).unwrap()),
+        batches(Parquet::open(&paths).unwrap())
+    );
+
+    let bad = fx.root.join("cut.parquet");
+    let bytes = std::fs::read(&paths[0]).unwrap();
+    std::fs::write(&bad, &bytes[..bytes.len() / 2]).unwrap();
+    let e = candle_wick::error_chain(&Parquet::open([&bad]).unwrap_err());
+    assert!(e.contains("cut.parquet") && e.contains("Parquet"), "{e}");
+    std::fs::write(&bad, b"not parquet at all").unwrap();
+    let e = candle_wick::error_chain(&Parquet::open([&bad]).unwrap_err());
+    assert!(e.contains("cut.parquet"), "{e}");
+}
