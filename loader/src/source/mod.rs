@@ -23,7 +23,10 @@ pub use memory::MemorySource;
 pub use mixture::{BlendRule, Mixture, MixtureBuilder};
 pub use open::{detect, open_path, DatasetKind, Detected};
 #[cfg(feature = "parquet")]
-pub use parquet::{Parquet, ParquetOptions, RowFilter};
+pub use parquet::{
+    cached_snapshot, hf_hub_cache, hub_files, HubFiles, HubLayout, HubOptions, Parquet,
+    ParquetOptions, RowFilter,
+};
 pub(crate) use shards::{read_exact_at, shard_error};
 pub use shards::{shard_paths, Damage, ShardInfo, ShardOptions};
 pub use tensors::SafetensorsShards;

@@ -26,7 +26,10 @@
 //!   open, and a row group's decode skips the pages without a kept row
 //!   (the page index).
 
+mod hub;
 mod io;
+
+pub use hub::{cached_snapshot, hf_hub_cache, hub_files, HubFiles, HubLayout, HubOptions};
 
 use super::{check_index, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
