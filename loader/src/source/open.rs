@@ -22,6 +22,9 @@ pub enum DatasetKind {
     WebDataset,
     /// Safetensors shards ([`SafetensorsShards`]).
     Safetensors,
+    /// Parquet files ([`Parquet`](super::Parquet)): `.parquet` files, or a
+    /// Hugging Face dataset folder's `train` split.
+    Parquet,
     /// Megatron indexed datasets, `prefix.bin` + `prefix.idx`
     /// ([`Megatron`](super::Megatron)): opened with a window length, so
     /// [`open_path`] refuses them.
@@ -39,6 +42,7 @@ impl DatasetKind {
             DatasetKind::TfRecord => "TFRecord shards",
             DatasetKind::WebDataset => "WebDataset shards (.tar)",
             DatasetKind::Safetensors => "safetensors shards",
+            DatasetKind::Parquet => "Parquet files",
             DatasetKind::Megatron => "a Megatron indexed dataset (.bin + .idx)",
             DatasetKind::ImageFolder => "an image folder (class folders of images)",
             DatasetKind::FileList => "a file list",
@@ -105,6 +109,8 @@ fn survey_folder(dir: &Path, cap: usize) -> Result<Survey> {
             add(DatasetKind::WebDataset, path.clone());
         } else if name.ends_with(".safetensors") {
             add(DatasetKind::Safetensors, path.clone());
+        } else if name.ends_with(".parquet") {
+            add(DatasetKind::Parquet, path.clone());
         } else if name.ends_with(".idx") && is_megatron_index(path) {
             add(DatasetKind::Megatron, path.with_extension(""));
         } else if is_image_path(path) {
@@ -181,6 +187,7 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
             (DatasetKind::TfRecord, TFRECORD),
             (DatasetKind::WebDataset, &[".tar"][..]),
             (DatasetKind::Safetensors, &[".safetensors"][..]),
+            (DatasetKind::Parquet, &[".parquet"][..]),
         ] {
             if let Some(paths) = has(suffixes) {
                 let why = format!("{} file(s) named *{}", paths.len(), suffixes[0]);
@@ -227,6 +234,23 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
         loose,
     } = survey_folder(path, 0)?;
     let most_shards = shards.iter().map(|k| k.1.len()).max().unwrap_or(0);
+    #[cfg(feature = "parquet")]
+    if most_shards == 0 {
+        // A Hugging Face dataset's folder: its train split.
+        let opts = super::HubOptions::default();
+        if let Ok(found) = super::hub_files(path, "train", &opts) {
+            return Ok(Detected {
+                paths: found.files,
+                ..one(
+                    DatasetKind::Parquet,
+                    format!(
+                        "a Hugging Face dataset ({:?} layout): its train split",
+                        found.layout
+                    ),
+                )
+            });
+        }
+    }
     if most_shards == 0 {
         return Ok(Detected {
             strays: loose,
@@ -284,8 +308,9 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
 
 /// Opens the dataset at `path` as [`detect`] says, leaving its strays out:
 /// TFRecord shards (`.tfrecord`, `.tfrecords`, `.tfrecord.gz`,
-/// `.tfrecord.zz`), WebDataset tars (`.tar`) or safetensors shards
-/// (`.safetensors`), each a file, a folder of them or a URL; a folder of
+/// `.tfrecord.zz`), WebDataset tars (`.tar`), safetensors shards
+/// (`.safetensors`) or Parquet files (`.parquet`), each a file, a folder
+/// of them or a URL; a Hugging Face dataset folder's train split; a folder of
 /// class folders as an [`ImageFolder`]; another file as a [`FileList`].
 /// Default options each. A Megatron dataset needs a window length: open
 /// it with [`Megatron::open`](super::Megatron::open).
@@ -305,6 +330,15 @@ pub fn open_path(path: impl AsRef<Path>) -> Result<Box<dyn Source>> {
         DatasetKind::TfRecord => Box::new(TfRecord::open(found.paths)?),
         DatasetKind::WebDataset => Box::new(WebDataset::open(found.paths)?),
         DatasetKind::Safetensors => Box::new(SafetensorsShards::open(found.paths)?),
+        #[cfg(feature = "parquet")]
+        DatasetKind::Parquet => Box::new(super::Parquet::open(found.paths)?),
+        #[cfg(not(feature = "parquet"))]
+        DatasetKind::Parquet => {
+            return Err(Error::InvalidConfig(format!(
+                "{} holds Parquet files: enable the `parquet` feature (on by default)",
+                path.display()
+            )))
+        }
         DatasetKind::ImageFolder => Box::new(ImageFolder::new(path)?),
         DatasetKind::FileList => Box::new(FileList::new(path)?),
         DatasetKind::Megatron => {

@@ -29,6 +29,15 @@ pub enum ShardFormat {
         /// Side of the stored square images.
         size: usize,
     },
+    /// Parquet in the Hugging Face Hub's layout
+    /// (`data/{split}-NNNNN-of-NNNNN.parquet`: an `image` struct
+    /// `{bytes, path}`, a `label` `ClassLabel`), row groups of `row_group`
+    /// rows ([`ParquetWriter`](super::ParquetWriter)).
+    #[cfg(feature = "parquet")]
+    Parquet {
+        /// Rows a row group.
+        row_group: usize,
+    },
 }
 
 /// Settings of [`convert`].
@@ -48,6 +57,12 @@ pub struct ConvertOptions {
     pub prefix: String,
     /// Threads preparing the records (0: all cores). Default 0.
     pub threads: usize,
+    /// The split a Parquet conversion writes
+    /// (`data/{split}-NNNNN-of-NNNNN.parquet`). Default `"train"`.
+    pub split: String,
+    /// Class names, written as a Parquet conversion's `ClassLabel`.
+    /// Default `None`: plain integer labels.
+    pub classes: Option<Vec<String>>,
 }
 
 impl Default for ConvertOptions {
@@ -59,6 +74,8 @@ impl Default for ConvertOptions {
             quality: 90,
             prefix: "data".into(),
             threads: 0,
+            split: "train".into(),
+            classes: None,
         }
     }
 }
@@ -111,15 +128,19 @@ pub fn convert(
     let mut up = |shard: &Path| -> Result<PathBuf> {
         // A TFRecord index (`.idx`) beside its shard goes up too.
         let idx = crate::source::tfrecord::index_path(shard);
+        // Named by the path under the folder (a Parquet shard is in data/).
+        let name = |file: &Path| {
+            let rel = file.strip_prefix(&local).unwrap_or(file);
+            let parts: Vec<_> = rel.iter().map(|p| p.to_string_lossy()).collect();
+            parts.join("/")
+        };
         for file in [shard, &idx] {
             if file.exists() {
-                let name = file.file_name().unwrap_or_default().to_string_lossy();
-                crate::storage::upload(file, Path::new(&format!("{base}/{name}")))?;
+                crate::storage::upload(file, Path::new(&format!("{base}/{}", name(file))))?;
                 let _ = std::fs::remove_file(file);
             }
         }
-        let name = shard.file_name().unwrap_or_default().to_string_lossy();
-        Ok(PathBuf::from(format!("{base}/{name}")))
+        Ok(PathBuf::from(format!("{base}/{}", name(shard))))
     };
     let uploaded = convert_into(source, &local, opts, progress, &mut up);
     let _ = std::fs::remove_dir_all(&local);
@@ -170,16 +191,37 @@ fn convert_into(
         let path = dst.join(match opts.format {
             ShardFormat::TfRecord => format!("{}-{shard:05}-of-{shards:05}.tfrecord", opts.prefix),
             ShardFormat::WebDataset => format!("{}-{shard:06}.tar", opts.prefix),
+            #[cfg(feature = "parquet")]
+            ShardFormat::Parquet { .. } => {
+                format!("data/{}-{shard:05}-of-{shards:05}.parquet", opts.split)
+            }
             _ => format!("{}-{shard:05}.safetensors", opts.prefix),
         });
-        write_shard(&path, opts.format, shard * opts.shard_size, &records)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::Io {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        write_shard(&path, opts, shard * opts.shard_size, &records)?;
         paths.push(placed(&path)?);
     }
     Ok(paths)
 }
 
-fn write_shard(path: &Path, format: ShardFormat, first: usize, records: &[Prepared]) -> Result<()> {
-    match format {
+fn write_shard(
+    path: &Path,
+    opts: &ConvertOptions,
+    first: usize,
+    records: &[Prepared],
+) -> Result<()> {
+    match opts.format {
+        #[cfg(feature = "parquet")]
+        ShardFormat::Parquet { row_group } => fill(
+            super::ParquetWriter::create(path, row_group, opts.classes.as_deref())?,
+            first,
+            records,
+        ),
         ShardFormat::TfRecord => fill(TfRecordWriter::create(path)?, first, records),
         ShardFormat::WebDataset => fill(WebDatasetWriter::create(path)?, first, records),
         ShardFormat::SafetensorsPixels { size } => fill(

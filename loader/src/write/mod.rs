@@ -1,6 +1,7 @@
 //! Writing shards: one [`ShardWriter`] shape for every format (TFRecord,
-//! WebDataset tar, safetensors), and [`convert`], which writes any source
-//! as shards (what `wick convert` runs).
+//! WebDataset tar, safetensors, Parquet in the Hugging Face Hub's layout),
+//! and [`convert`], which writes any source as shards (what `wick convert`
+//! runs).
 //!
 //! ```no_run
 //! use candle_wick::write::{ShardSample, ShardWriter, TfRecordWriter};
@@ -13,10 +14,14 @@
 //! ```
 
 mod convert;
+#[cfg(feature = "parquet")]
+mod parquet;
 mod safetensors;
 mod tfrecord;
 mod webdataset;
 
+#[cfg(feature = "parquet")]
+pub use self::parquet::ParquetWriter;
 pub use self::safetensors::SafetensorsWriter;
 pub use convert::{convert, ConvertOptions, ShardFormat};
 pub use tfrecord::TfRecordWriter;

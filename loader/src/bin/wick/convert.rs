@@ -1,7 +1,9 @@
 //! `wick convert`: any dataset `wick bench` reads, written as TFRecord,
-//! WebDataset tar or safetensors shards.
+//! WebDataset tar, safetensors shards or Parquet in the Hugging Face Hub's
+//! layout.
 
 use candle_wick::open_path;
+use candle_wick::source::{detect, DatasetKind, ImageFolder, Parquet};
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use clap::ValueEnum;
 use std::path::PathBuf;
@@ -36,6 +38,13 @@ pub(crate) struct ConvertArgs {
     /// Threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     pub(crate) threads: usize,
+    /// Rows a Parquet row group (`--format parquet`; `datasets` writes
+    /// image datasets in groups of 100).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) row_group: usize,
+    /// The split a Parquet conversion writes: `data/{split}-NNNNN-of-NNNNN.parquet`.
+    #[arg(long, default_value = "train")]
+    pub(crate) split: String,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -48,6 +57,9 @@ pub(crate) enum OutFormat {
     Safetensors,
     /// safetensors: pre-resized u8 pixels [N, S, S, 3] + labels.
     SafetensorsPixels,
+    /// Parquet as the Hugging Face Hub stores it: `data/{split}-*.parquet`,
+    /// an `image` struct {bytes, path} and a `label` ClassLabel.
+    Parquet,
 }
 
 pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -59,6 +71,21 @@ pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Err
         OutFormat::SafetensorsPixels => ShardFormat::SafetensorsPixels {
             size: a.pixels_size,
         },
+        OutFormat::Parquet => ShardFormat::Parquet {
+            row_group: a.row_group,
+        },
+    };
+    // The class names, where the source has them: an image folder's
+    // folders, a Parquet file's ClassLabel.
+    let classes = match detect(&a.src).map(|d| d.kind) {
+        Ok(DatasetKind::ImageFolder) if !candle_wick::storage::is_url(&a.src) => {
+            ImageFolder::new(&a.src).ok().map(|f| f.classes().to_vec())
+        }
+        Ok(DatasetKind::Parquet) => detect(&a.src)
+            .ok()
+            .and_then(|d| Parquet::open(d.paths).ok())
+            .and_then(|p| p.classes().map(<[String]>::to_vec)),
+        _ => None,
     };
     let opts = ConvertOptions {
         format,
@@ -67,6 +94,8 @@ pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Err
         quality: a.quality,
         prefix: a.prefix.clone(),
         threads: a.threads,
+        split: a.split.clone(),
+        classes,
     };
     let bar = indicatif::ProgressBar::new(source.len() as u64).with_style(
         indicatif::ProgressStyle::with_template(

@@ -271,6 +271,8 @@ fn shard_kind(path: &Path) -> Option<DatasetKind> {
         Some(DatasetKind::WebDataset)
     } else if name.ends_with(".safetensors") {
         Some(DatasetKind::Safetensors)
+    } else if name.ends_with(".parquet") {
+        Some(DatasetKind::Parquet)
     } else {
         None
     }
@@ -294,6 +296,7 @@ fn open_shards(
     Ok(match kind {
         DatasetKind::TfRecord => Box::new(TfRecord::open(paths)?),
         DatasetKind::Safetensors => Box::new(SafetensorsShards::open(paths)?),
+        DatasetKind::Parquet => Box::new(candle_wick::source::Parquet::open(paths)?),
         _ => match WebDataset::open(paths) {
             Ok(s) => Box::new(s),
             Err(e) if error_chain(&e).contains(" label") => {
@@ -395,7 +398,10 @@ pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>>
         *extra.kinds.entry(d.kind.name()).or_default() += d.paths.len();
         match d.kind {
             DatasetKind::Megatron => token_corpus(&d.paths[0], &mut seen, &mut extra),
-            DatasetKind::TfRecord | DatasetKind::WebDataset | DatasetKind::Safetensors => {
+            DatasetKind::TfRecord
+            | DatasetKind::WebDataset
+            | DatasetKind::Safetensors
+            | DatasetKind::Parquet => {
                 let source = open_shards(d.kind, &d.paths, &mut extra)?;
                 seen = inspect_source(&*source, &pool);
             }
