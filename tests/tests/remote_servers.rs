@@ -1,7 +1,8 @@
 //! Object storage against real servers on 127.0.0.1, started here:
 //! `moto_server` (PyPI `moto[server]`, an S3 API) and nginx (HTTP with
 //! range requests). Every format read over the S3 API and over HTTP gives
-//! the local batches; a killed server is retried and then named, and one
+//! the local batches (Parquet in the Hub's layout too, found by
+//! listing the bucket); a killed server is retried and then named, and one
 //! restarted in time lets the epoch finish with nothing lost; a paused S3
 //! server resumed in time too; 4 rank processes read an S3 dataset with
 //! credentials and endpoint from the environment.
@@ -155,7 +156,8 @@ for d, _, files in os.walk(root):
 }
 
 /// The data set: an image folder, a file list over it, and TFRecord,
-/// WebDataset and safetensors shards of it (4 shards each).
+/// WebDataset, safetensors and Hub-layout Parquet shards of it (4 shards
+/// each; Parquet row groups of 2 rows, so a block shuffle spans groups).
 fn dataset(dir: &Path) {
     let folder = dir.join("folder");
     image_folder(&folder, 3, 7);
@@ -172,6 +174,7 @@ fn dataset(dir: &Path) {
         ("tfrecord", ShardFormat::TfRecord),
         ("wds", ShardFormat::WebDataset),
         ("st", ShardFormat::SafetensorsEncoded),
+        ("parquet", ShardFormat::Parquet { row_group: 2 }),
     ] {
         let opts = ConvertOptions {
             format,
@@ -200,6 +203,11 @@ fn cases(dir: &Path, http: bool) -> Vec<(PathBuf, String, bool)> {
         (
             dir.join("st"),
             "st/data-{00000..00003}.safetensors".into(),
+            false,
+        ),
+        (
+            dir.join("parquet"),
+            "parquet/data/train-{00000..00003}-of-00004.parquet".into(),
             false,
         ),
         (
@@ -270,6 +278,30 @@ fn s3_and_http_give_the_local_batches_for_every_format() {
             assert_eq!(got, want, "{url:?} stream {stream}");
         }
     }
+    // The Hub layout found by listing the bucket, as Parquet::hub does
+    // for a dataset folder: the same split, rows and class names.
+    let opts = candle_wick::source::HubOptions::default();
+    let local = candle_wick::source::Parquet::hub(data.join("parquet"), "train", &opts).unwrap();
+    let remote =
+        candle_wick::source::Parquet::hub("s3://wick-same/parquet", "train", &opts).unwrap();
+    assert_eq!(remote.classes(), local.classes());
+    assert_eq!(remote.row_groups(), local.row_groups());
+    let read = |s: candle_wick::source::Parquet| {
+        let mut loader = Loader::builder(s)
+            .batch_size(4)
+            .image_size(16)
+            .output(Output::U8Nhwc)
+            .shuffle(2)
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for b in loader.epoch(3) {
+            let b = b.unwrap();
+            out.push((b.indices.clone(), labels(&b), pixels(&b)));
+        }
+        out
+    };
+    assert_eq!(read(remote), read(local));
 }
 
 /// Reads the WebDataset shards over HTTP while the server is killed after
