@@ -2,6 +2,8 @@
 //! throughput, per-stage times and peak memory; `--sweep` for a table of
 //! fixed settings against AUTOTUNE.
 
+use candle_wick::map::TokenWindowsMap;
+use candle_wick::source::{detect, DatasetKind, DocumentWindows, Megatron};
 use candle_wick::stats::Stats;
 use candle_wick::storage::RemoteCache;
 use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms};
@@ -13,9 +15,20 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// An ImageFolder (`DIR/<class>/<image>`), a CSV/TSV file list, or
-    /// TFRecord / WebDataset tar / safetensors shards (a file or a folder).
+    /// An ImageFolder (`DIR/<class>/<image>`), a CSV/TSV file list,
+    /// TFRecord / WebDataset tar / safetensors / Parquet shards (a file, a
+    /// folder, a Hugging Face dataset folder or a URL), or a Megatron
+    /// indexed dataset (a `.idx`/`.bin` file or a folder of them: give
+    /// `--seq-len`).
     pub(crate) data: PathBuf,
+    /// Windows of SEQ_LEN + 1 tokens from a Megatron dataset, packed across
+    /// documents (Megatron's GPT dataset); the rate is then windows/s and
+    /// tokens/s, and the image options do not apply.
+    #[arg(long)]
+    pub(crate) seq_len: Option<usize>,
+    /// With `--seq-len`: the token put between packed documents.
+    #[arg(long, requires = "seq_len")]
+    pub(crate) eos: Option<u32>,
     /// Streaming mode: read shards sequentially, CYCLE at a time, BLOCK
     /// records from each in turn (tf.data interleave), as `CYCLE,BLOCK`.
     #[arg(long, value_parser = parse_pair)]
@@ -125,8 +138,15 @@ pub(crate) struct Report {
     pub(crate) transforms: Mode,
     pub(crate) output: Format,
     pub(crate) step_ms: f64,
+    /// Samples per second of each epoch: images, or token windows.
     pub(crate) epoch_images_per_sec: Vec<f64>,
     pub(crate) median_images_per_sec: f64,
+    /// What a sample is: `images`, or `windows` of a token corpus.
+    pub(crate) unit: &'static str,
+    /// Tokens per window (`--seq-len` + 1) of a token corpus.
+    pub(crate) window_tokens: Option<usize>,
+    /// Tokens per second (median epoch) of a token corpus.
+    pub(crate) tokens_per_sec: Option<f64>,
     /// CPU time of the whole process over each epoch's wall time: the
     /// cores it kept busy (decode workers, I/O threads, everything).
     pub(crate) epoch_cpu_cores: Vec<f64>,
@@ -222,10 +242,11 @@ pub(crate) fn step(a: &BenchArgs) {
 /// (0: AUTOTUNE).
 pub(crate) fn bench_with(
     a: &BenchArgs,
-    source: Arc<dyn Source>,
+    data: &Data,
     (workers, in_flight, prefetch): (usize, usize, usize),
     quiet: bool,
 ) -> Result<Report, Box<dyn std::error::Error>> {
+    let source = data.source.clone();
     let samples = source.len();
     let output = match a.output {
         Format::U8 => Output::U8Nhwc,
@@ -237,16 +258,25 @@ pub(crate) fn bench_with(
     };
     let mut builder = Loader::builder(source)
         .batch_size(a.batch_size)
-        .image_size(a.image_size)
         .workers(Setting::auto_if_zero(workers))
         .prefetch(Setting::auto_if_zero(prefetch))
         .batches_in_flight(Setting::auto_if_zero(in_flight))
-        .transforms(transforms)
-        .output(output)
         .shuffle(0);
+    builder = match &data.tokens {
+        Some(m) => builder.map(TokenWindowsMap::megatron(m)),
+        None => builder
+            .image_size(a.image_size)
+            .transforms(transforms)
+            .output(output),
+    };
     if let Some((cycle, block)) = a.interleave {
         builder = builder.interleave(cycle, block);
     }
+    let unit = if data.tokens.is_some() {
+        "windows"
+    } else {
+        "images"
+    };
     if let Some(n) = a.shuffle_buffer {
         builder = builder.shuffle_buffer(n);
     }
@@ -282,7 +312,7 @@ pub(crate) fn bench_with(
         if !quiet {
             let (f, p) = loader.queue_depths();
             println!(
-                "epoch {epoch}: {n} images in {:.2?}, {rate:.0} images/s (workers {}, in flight {f}, prefetch {p})",
+                "epoch {epoch}: {n} {unit} in {:.2?}, {rate:.0} {unit}/s (workers {}, in flight {f}, prefetch {p})",
                 t.elapsed(),
                 loader.workers()
             );
@@ -307,6 +337,12 @@ pub(crate) fn bench_with(
         step_ms: a.step_ms,
         epoch_images_per_sec: rates,
         median_images_per_sec: median,
+        unit,
+        window_tokens: data.tokens.as_ref().map(|m| m.seq_len() + 1),
+        tokens_per_sec: data
+            .tokens
+            .as_ref()
+            .map(|m| median * (m.seq_len() + 1) as f64),
         epoch_cpu_cores: cores,
         read_ahead: s.read_ahead,
         decoded_mb_per_sec: s.decoded_mb_per_sec(),
@@ -339,7 +375,37 @@ pub(crate) fn bench_with(
     })
 }
 
-pub(crate) fn open_shared(a: &BenchArgs) -> Result<Arc<dyn Source>, Box<dyn std::error::Error>> {
+/// What a bench reads: the source, and the Megatron dataset whose token
+/// windows it gives (with `--seq-len`).
+pub(crate) struct Data {
+    pub(crate) source: Arc<dyn Source>,
+    pub(crate) tokens: Option<Megatron>,
+}
+
+pub(crate) fn open_shared(a: &BenchArgs) -> Result<Data, Box<dyn std::error::Error>> {
+    let found = detect(&a.data)?;
+    if found.kind == DatasetKind::Megatron || a.seq_len.is_some() {
+        if found.kind != DatasetKind::Megatron {
+            return Err(format!(
+                "--seq-len reads a Megatron dataset, but {} holds {}",
+                a.data.display(),
+                found.kind.name()
+            )
+            .into());
+        }
+        let Some(seq_len) = a.seq_len else {
+            return Err(format!(
+                "{} is a Megatron dataset: give the window length with --seq-len",
+                a.data.display()
+            )
+            .into());
+        };
+        let m = Megatron::open(found.paths, seq_len, DocumentWindows::Packed { eos: a.eos })?;
+        return Ok(Data {
+            source: Arc::new(m.clone()),
+            tokens: Some(m),
+        });
+    }
     let source = open_path(&a.data)?;
     for d in source.damage() {
         eprintln!(
@@ -347,7 +413,10 @@ pub(crate) fn open_shared(a: &BenchArgs) -> Result<Arc<dyn Source>, Box<dyn std:
             d.path, d.offset, d.reason
         );
     }
-    Ok(Arc::from(source))
+    Ok(Data {
+        source: Arc::from(source),
+        tokens: None,
+    })
 }
 
 /// Fixed settings against AUTOTUNE on the same data.
@@ -358,10 +427,10 @@ pub(crate) fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     for workers in 1..=cores {
         for in_flight in [2, 4] {
             for prefetch in [1, 2, 4] {
-                let r = bench_with(a, source.clone(), (workers, in_flight, prefetch), true)?;
+                let r = bench_with(a, &source, (workers, in_flight, prefetch), true)?;
                 println!(
-                    "fixed workers {workers} in flight {in_flight} prefetch {prefetch}: {:.0} images/s",
-                    r.median_images_per_sec
+                    "fixed workers {workers} in flight {in_flight} prefetch {prefetch}: {:.0} {}/s",
+                    r.median_images_per_sec, r.unit
                 );
                 rows.push((
                     format!("{workers} | {in_flight} | {prefetch}"),
@@ -370,9 +439,12 @@ pub(crate) fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let auto = bench_with(a, source, (0, 0, 0), true)?;
+    let auto = bench_with(a, &source, (0, 0, 0), true)?;
     let best = rows.iter().map(|r| r.1).fold(0.0, f64::max);
-    println!("\n| workers | in flight | prefetch | images/s | vs best |");
+    println!(
+        "\n| workers | in flight | prefetch | {}/s | vs best |",
+        auto.unit
+    );
     println!("|---|---|---|---:|---:|");
     for (cfg, ips) in &rows {
         println!("| {cfg} | {ips:.0} | {:.2} |", ips / best);
@@ -400,21 +472,32 @@ pub(crate) fn sweep(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 pub(crate) fn bench(a: &BenchArgs) -> Result<Report, Box<dyn std::error::Error>> {
     let source = open_shared(a)?;
-    bench_with(a, source, (a.workers, a.in_flight, a.prefetch), a.json)
+    bench_with(a, &source, (a.workers, a.in_flight, a.prefetch), a.json)
 }
 
 /// Prints a bench report as text (what `main` shows without `--json`).
 pub(crate) fn print_text(r: &Report, autotune: bool) {
+    if let Some(w) = r.window_tokens {
+        println!(
+            "{} windows of {w} tokens, batch {}, step {} ms",
+            r.samples, r.batch_size, r.step_ms
+        );
+    } else {
+        println!(
+            "{} samples, batch {}, {}x{}, {:?} transforms, {:?} output, step {} ms",
+            r.samples, r.batch_size, r.image_size, r.image_size, r.transforms, r.output, r.step_ms
+        );
+        println!("JPEG decoder: {}", r.jpeg_decoder);
+    }
     println!(
-        "{} samples, batch {}, {}x{}, {:?} transforms, {:?} output, step {} ms",
-        r.samples, r.batch_size, r.image_size, r.image_size, r.transforms, r.output, r.step_ms
-    );
-    println!("JPEG decoder: {}", r.jpeg_decoder);
-    println!(
-        "images/s (median of {} epochs): {:.0}",
+        "{}/s (median of {} epochs): {:.0}",
+        r.unit,
         r.epoch_images_per_sec.len(),
         r.median_images_per_sec
     );
+    if let Some(t) = r.tokens_per_sec {
+        println!("tokens/s: {t:.0}");
+    }
     println!(
             "per sample (worker time): read {:.0} us, decode {:.0} us, transform {:.0} us; upload {:.0} us per batch",
             r.read_us_per_sample, r.decode_us_per_sample, r.transform_us_per_sample, r.upload_us_per_batch
