@@ -183,6 +183,14 @@ fn dataset(dir: &Path) {
         };
         convert(&source, &dir.join(name), &opts, &|_| {}).unwrap();
     }
+    // A second split beside train: a dataset folder or bucket prefix
+    // opens as its train split, never both.
+    let hub = dir.join("parquet/data");
+    std::fs::copy(
+        hub.join("train-00000-of-00004.parquet"),
+        hub.join("validation-00000-of-00001.parquet"),
+    )
+    .unwrap();
 }
 
 /// `(local path, path under an S3 bucket or HTTP root, streaming)` of each

@@ -165,7 +165,8 @@ fn is_megatron_index(path: &Path) -> bool {
 ///
 /// - a file: by its name (TFRecord, `.tar`, `.safetensors`, a Megatron
 ///   `.idx` or `.bin`), else a file list;
-/// - a URL: shards by their names under it, else a file list (`.csv`,
+/// - a URL: shards by their names under it (Parquet files in a Hugging
+///   Face dataset's layout: its train split), else a file list (`.csv`,
 ///   `.tsv`, `.txt`) or an image folder;
 /// - a folder: the kind with the most files: shard files of each format
 ///   and Megatron prefixes directly in it, images in its class folders.
@@ -190,6 +191,24 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
             (DatasetKind::Parquet, &[".parquet"][..]),
         ] {
             if let Some(paths) = has(suffixes) {
+                #[cfg(feature = "parquet")]
+                if kind == DatasetKind::Parquet && paths.len() > 1 {
+                    // A Hugging Face dataset under a URL: its train split,
+                    // not every split's files.
+                    let opts = super::HubOptions::default();
+                    if let Ok(found) = super::hub_files(path, "train", &opts) {
+                        return Ok(Detected {
+                            paths: found.files,
+                            ..one(
+                                kind,
+                                format!(
+                                    "a Hugging Face dataset ({:?} layout): its train split",
+                                    found.layout
+                                ),
+                            )
+                        });
+                    }
+                }
                 let why = format!("{} file(s) named *{}", paths.len(), suffixes[0]);
                 return Ok(Detected {
                     paths,
