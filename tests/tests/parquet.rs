@@ -406,3 +406,73 @@ fn the_hf_cache_reads_offline() {
         Err(e) => eprintln!("skipped: unshare does not run: {e}"),
     }
 }
+
+/// `wick convert --format parquet` (write::convert with
+/// ShardFormat::Parquet) writes the Hub's layout: `datasets` reads it as an
+/// `Image` and a `ClassLabel` of the folder's class names, with each row's
+/// bytes and label; wick reads it back the same, class names from the
+/// footer.
+#[test]
+fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
+    use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    tests::image_folder(&folder, 3, 5);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let out = dir.path().join("hub");
+    let opts = ConvertOptions {
+        format: ShardFormat::Parquet { row_group: 4 },
+        shard_size: 8,
+        classes: Some(source.classes().to_vec()),
+        ..Default::default()
+    };
+    convert(&source, &out, &opts, &|_| {}).unwrap();
+    let shards = files(&out.join("data"));
+    let names: Vec<String> = shards
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "train-00000-of-00002.parquet",
+            "train-00001-of-00002.parquet"
+        ]
+    );
+    let hub = Parquet::hub(&out, "train", &Default::default()).unwrap();
+    assert_eq!(hub.classes(), Some(source.classes()));
+    assert_eq!(hub.row_groups(), 4); // 8 + 7 rows in groups of 4
+    let want: Vec<(Vec<u8>, u32)> = (0..source.len())
+        .map(|i| {
+            let r = source.read(i).unwrap();
+            (r.bytes.clone(), r.label)
+        })
+        .collect();
+    let got: Vec<(Vec<u8>, u32)> = (0..hub.len())
+        .map(|i| {
+            let r = hub.read(i).unwrap();
+            (r.bytes.clone(), r.label)
+        })
+        .collect();
+    assert_eq!(got, want);
+    let paths: Vec<&str> = shards.iter().map(|p| p.to_str().unwrap()).collect();
+    let Some(read) = tests::python_fixture("hf_read.py", &paths) else {
+        return;
+    };
+    let read: serde_json::Value = serde_json::from_str(&read).unwrap();
+    assert_eq!(read["image"], "Image");
+    let names: Vec<&str> = read["names"]
+        .as_array()
+        .expect("a ClassLabel")
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(names, source.classes());
+    let rows = read["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (row, (bytes, label)) in rows.iter().zip(&want) {
+        assert_eq!(row[0].as_u64().unwrap(), *label as u64);
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(row[1].as_str().unwrap(), hex);
+    }
+}

@@ -179,6 +179,7 @@ fn dataset(dir: &Path) {
         let opts = ConvertOptions {
             format,
             shard_size: 6,
+            classes: Some(source.classes().to_vec()),
             ..Default::default()
         };
         convert(&source, &dir.join(name), &opts, &|_| {}).unwrap();
@@ -292,6 +293,7 @@ fn s3_and_http_give_the_local_batches_for_every_format() {
     let local = candle_wick::source::Parquet::hub(data.join("parquet"), "train", &opts).unwrap();
     let remote =
         candle_wick::source::Parquet::hub("s3://wick-same/parquet", "train", &opts).unwrap();
+    assert!(local.classes().is_some_and(|c| c.len() == 3));
     assert_eq!(remote.classes(), local.classes());
     assert_eq!(remote.row_groups(), local.row_groups());
     let read = |s: candle_wick::source::Parquet| {

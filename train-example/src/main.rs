@@ -5,6 +5,12 @@
 //! augmentation, batching, device upload. Each epoch prints the loss, the
 //! accuracy, images/s and the share of step time spent waiting for data.
 //!
+//! `--data` takes any dataset the loader opens: an image folder, shards, a
+//! Hugging Face dataset's Parquet (a file, its folder or its bucket prefix,
+//! `s3://…`: the train split, and its validation or test split to evaluate);
+//! `--hf-dataset org/name` reads one downloaded by `datasets` or
+//! `huggingface-cli download` from the local Hugging Face cache, offline.
+//!
 //! With `--checkpoint DIR` it saves the weights, the step and the loader's
 //! state every `--checkpoint-every` steps, at the end, and on Ctrl-C or
 //! SIGTERM (the step running finishes, then it saves and exits 0; a second
@@ -19,11 +25,12 @@ mod shapes;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{loss, ParamsAdamW, VarBuilder, VarMap};
-use candle_wick::source::ImageFolder;
-use candle_wick::{Loader, Ranks, Setting, Transforms};
+use candle_wick::source::{detect, hub_files, DatasetKind, HubOptions, ImageFolder, Parquet};
+use candle_wick::{open_path, Loader, Ranks, Setting, Source, Transforms};
 use clap::Parser;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -33,8 +40,20 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 struct Args {
     /// ImageFolder to train on (`DIR/<class>/<image>`, or `DIR/train` and
     /// `DIR/val` beside each other). Default: the built-in shapes dataset.
-    #[arg(long)]
+    /// Or any dataset the loader opens (`candle_wick::open_path`): shards,
+    /// Parquet files, a Hugging Face dataset's folder (its `train` split,
+    /// its `validation` or `test` split to evaluate), a URL of any of them.
+    #[arg(long, conflicts_with = "hf_dataset")]
     data: Option<PathBuf>,
+    /// A Hugging Face image dataset (`org/name`) from the local Hugging Face
+    /// cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
+    /// read offline: its `train` split, and `validation` or `test`.
+    #[arg(long)]
+    hf_dataset: Option<String>,
+    /// Classes of a dataset whose files do not name them (shards or Parquet
+    /// with integer labels and no ClassLabel names).
+    #[arg(long)]
+    classes: Option<usize>,
     /// Epochs to train.
     #[arg(long, default_value_t = 4)]
     epochs: u64,
@@ -118,37 +137,95 @@ fn pick_device(force_cpu: bool, ranks: &Ranks) -> Res<Device> {
     Ok(Device::Cpu)
 }
 
-/// Train and optional validation folders.
-fn datasets(args: &Args) -> Res<(PathBuf, Option<PathBuf>)> {
-    match &args.data {
-        Some(dir) if dir.join("train").is_dir() => {
-            let val = ["val", "validation", "test"]
-                .iter()
-                .map(|v| dir.join(v))
-                .find(|p| p.is_dir());
-            Ok((dir.join("train"), val))
+/// A training or validation source.
+type Data = Arc<dyn Source>;
+
+/// The validation splits of a Hugging Face dataset, in the order tried.
+const VAL_SPLITS: [&str; 3] = ["validation", "val", "test"];
+
+/// The train and optional validation sources, and the class count.
+fn datasets(args: &Args) -> Res<(Data, Option<Data>, usize)> {
+    let hub = HubOptions::default();
+    let parquet = |p: Parquet| -> Res<(Data, usize)> {
+        let classes = match (p.classes(), args.classes) {
+            (_, Some(n)) => n,
+            (Some(names), None) => names.len(),
+            (None, None) => {
+                return Err(
+                    "the Parquet files name no classes (no ClassLabel): give --classes".into(),
+                )
+            }
+        };
+        println!(
+            "data: Parquet, {} rows in {} row groups, {classes} classes",
+            p.len(),
+            p.row_groups()
+        );
+        Ok((Arc::new(p), classes))
+    };
+    if let Some(repo) = &args.hf_dataset {
+        let (train, classes) = parquet(Parquet::from_hf_cache(repo, "train", &hub)?)?;
+        let val = VAL_SPLITS
+            .iter()
+            .find_map(|split| Parquet::from_hf_cache(repo, split, &hub).ok())
+            .map(|p| Arc::new(p) as Data);
+        return Ok((train, val, classes));
+    }
+    let folder = |train: &Path, val: Option<PathBuf>| -> Res<(Data, Option<Data>, usize)> {
+        let train = ImageFolder::new(train)?;
+        let classes = train.classes().len();
+        let val = val.map(ImageFolder::new).transpose()?;
+        Ok((Arc::new(train), val.map(|v| Arc::new(v) as Data), classes))
+    };
+    let Some(path) = &args.data else {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wick-data/shapes-v1");
+        let t = Instant::now();
+        let (train, val) = shapes::ensure(&root, 200, 50)?;
+        // Shown from the working directory when it is under it
+        // (`target/wick-data/shapes-v1` from the repository's root).
+        let root = root.canonicalize().unwrap_or(root);
+        let shown = std::env::current_dir()
+            .ok()
+            .and_then(|cwd| root.strip_prefix(cwd).ok().map(|p| p.to_path_buf()))
+            .unwrap_or_else(|| root.clone());
+        println!(
+            "data: built-in shapes, 10 classes, 2000 train + 500 val JPEGs {}x{} in {} ({:.1?})",
+            shapes::SIDE,
+            shapes::SIDE,
+            shown.display(),
+            t.elapsed()
+        );
+        return folder(&train, Some(val));
+    };
+    if path.join("train").is_dir() {
+        let val = ["val", "validation", "test"]
+            .iter()
+            .map(|v| path.join(v))
+            .find(|p| p.is_dir());
+        return folder(&path.join("train"), val);
+    }
+    let found = detect(path)?;
+    println!("data: {} ({})", found.kind.name(), found.why);
+    match found.kind {
+        DatasetKind::ImageFolder => folder(path, None),
+        DatasetKind::Parquet => {
+            // A Hugging Face dataset's folder or prefix: its own splits.
+            if hub_files(path, "train", &hub).is_ok() {
+                let (train, classes) = parquet(Parquet::hub(path, "train", &hub)?)?;
+                let val = VAL_SPLITS
+                    .iter()
+                    .find_map(|split| Parquet::hub(path, split, &hub).ok())
+                    .map(|p| Arc::new(p) as Data);
+                return Ok((train, val, classes));
+            }
+            let (train, classes) = parquet(Parquet::open(found.paths)?)?;
+            Ok((train, None, classes))
         }
-        Some(dir) => Ok((dir.clone(), None)),
-        None => {
-            let root =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wick-data/shapes-v1");
-            let t = Instant::now();
-            let (train, val) = shapes::ensure(&root, 200, 50)?;
-            // Shown from the working directory when it is under it
-            // (`target/wick-data/shapes-v1` from the repository's root).
-            let root = root.canonicalize().unwrap_or(root);
-            let shown = std::env::current_dir()
-                .ok()
-                .and_then(|cwd| root.strip_prefix(cwd).ok().map(|p| p.to_path_buf()))
-                .unwrap_or_else(|| root.clone());
-            println!(
-                "data: built-in shapes, 10 classes, 2000 train + 500 val JPEGs {}x{} in {} ({:.1?})",
-                shapes::SIDE,
-                shapes::SIDE,
-                shown.display(),
-                t.elapsed()
-            );
-            Ok((train, Some(val)))
+        _ => {
+            let classes = args
+                .classes
+                .ok_or("shards do not name their classes: give --classes")?;
+            Ok((Arc::from(open_path(path)?), None, classes))
         }
     }
 }
@@ -172,11 +249,9 @@ fn main() -> Res<()> {
     if !device.is_cpu() {
         println!("device: {device:?}");
     }
-    let (train_dir, val_dir) = datasets(&args)?;
-    let train_set = ImageFolder::new(&train_dir)?;
-    let classes = train_set.classes().len();
+    let (train_set, val_set, classes) = datasets(&args)?;
     let workers = args.workers;
-    let builder = |src: ImageFolder| {
+    let builder = |src: Data| {
         Loader::builder(src)
             .batch_size(args.batch_size)
             .image_size(args.image_size)
@@ -185,7 +260,7 @@ fn main() -> Res<()> {
             .device(device.clone())
             .ranks(ranks)
     };
-    let train_tf = if args.data.is_none() {
+    let train_tf = if args.data.is_none() && args.hf_dataset.is_none() {
         // Small synthetic images: milder crops than ImageNet's 8% minimum.
         Transforms::RandomResizedCrop {
             scale: (0.5, 1.0),
@@ -205,8 +280,8 @@ fn main() -> Res<()> {
     }
     let mut train = train.build()?;
     let trace = train.trace();
-    let mut val = match &val_dir {
-        Some(dir) => Some(builder(ImageFolder::new(dir)?).eval_transforms().build()?),
+    let mut val = match val_set {
+        Some(v) => Some(builder(v).eval_transforms().build()?),
         None => None,
     };
 

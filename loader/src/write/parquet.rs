@@ -11,6 +11,7 @@ use arrow_array::{ArrayRef, RecordBatch, StructArray};
 use arrow_schema::{DataType, Field, Fields, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,8 +72,9 @@ impl ParquetWriter {
                 "row groups need at least 1 row".into(),
             ));
         }
+        let hf = features(classes);
         let metadata: std::collections::HashMap<String, String> =
-            [("huggingface".to_string(), features(classes))].into();
+            [("huggingface".to_string(), hf.clone())].into();
         let schema = Arc::new(Schema::new_with_metadata(
             vec![
                 Field::new("image", DataType::Struct(image_fields()), true),
@@ -83,6 +85,9 @@ impl ParquetWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(row_group))
+            // A key of the footer too, as pyarrow writes it for `datasets`
+            // (readers that do not parse the Arrow schema find it there).
+            .set_key_value_metadata(Some(vec![KeyValue::new("huggingface".into(), hf)]))
             .build();
         let file = super::create_file(&path)?;
         let writer = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| {

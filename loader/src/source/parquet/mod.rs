@@ -411,9 +411,17 @@ impl FileMeta {
     /// `ClassLabel` names of `column` from the `huggingface` metadata.
     fn classes(&self, column: Option<&str>) -> Option<Vec<String>> {
         let column = column?;
-        let kv = self.meta.metadata().file_metadata().key_value_metadata()?;
-        let json = kv.iter().find(|k| k.key == "huggingface")?.value.as_ref()?;
-        let v: serde_json::Value = serde_json::from_str(json).ok()?;
+        // `datasets` writes it as a key of the footer; other Arrow writers
+        // keep it in the Arrow schema's metadata only.
+        let footer = self
+            .meta
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|k| k.key == "huggingface"))
+            .and_then(|k| k.value.clone());
+        let json = footer.or_else(|| self.meta.schema().metadata().get("huggingface").cloned())?;
+        let v: serde_json::Value = serde_json::from_str(&json).ok()?;
         let feature = &v["info"]["features"][column];
         let names = feature["names"].as_array()?;
         names.iter().map(|n| n.as_str().map(String::from)).collect()
