@@ -5,7 +5,8 @@
 //! listing the bucket); a killed server is retried and then named, and one
 //! restarted in time lets the epoch finish with nothing lost; a paused S3
 //! server resumed in time too; 4 rank processes read an S3 dataset with
-//! credentials and endpoint from the environment.
+//! credentials and endpoint from the environment; a Megatron corpus reads
+//! the same from S3 by its prefix or its folder.
 //!
 //! `.ci/run` installs both servers and sets `WICK_REQUIRE_SERVERS=1`, so a
 //! missing one fails there; elsewhere a test without its server says so
@@ -639,4 +640,68 @@ fn four_rank_processes_read_s3_with_credentials_from_the_environment() {
     assert!(counts.windows(2).all(|w| w[0] == w[1]), "{counts:?}");
     assert_eq!(seen.len(), 45);
     assert!(seen.values().all(|&c| c == 1));
+}
+
+/// A Megatron corpus (written by Megatron-Core's builder) read from the
+/// S3 server, named by its prefix or by the folder holding it, gives the
+/// local windows.
+#[test]
+fn a_megatron_corpus_reads_the_same_from_s3() {
+    use candle_wick::map::TokenWindowsMap;
+    use candle_wick::source::{detect, DatasetKind, DocumentWindows, Megatron};
+    if !have("moto_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let docs: Vec<Vec<Vec<u32>>> = (0..40u32)
+        .map(|d| vec![(0..(d * 7) % 53 + 1).map(|t| d * 100 + t).collect()])
+        .collect();
+    let json = dir.path().join("docs.json");
+    std::fs::write(&json, serde_json::to_string(&docs).unwrap()).unwrap();
+    let prefix = data.join("web_text_document");
+    let args = [
+        "write",
+        prefix.to_str().unwrap(),
+        "uint16",
+        json.to_str().unwrap(),
+    ];
+    if tests::python_fixture("megatron_writer.py", &args).is_none() {
+        return;
+    }
+    let s3 = moto(free_port());
+    upload(s3.port, "wick-tokens", &data);
+    candle_wick::storage::configure("s3://wick-tokens", moto_options(s3.port));
+    let windows = |path: &Path| {
+        let found = detect(path).unwrap();
+        assert_eq!(found.kind, DatasetKind::Megatron, "{path:?}: {}", found.why);
+        let m = Megatron::open(found.paths, 16, DocumentWindows::Packed { eos: Some(0) }).unwrap();
+        let mut loader = Loader::builder(m.clone())
+            .map(TokenWindowsMap::megatron(&m))
+            .batch_size(8)
+            .shuffle(5)
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for b in loader.epoch(1) {
+            let b = b.unwrap();
+            out.push((
+                b.indices.clone(),
+                b.get("tokens").unwrap().to_vec2::<u32>().unwrap(),
+            ));
+        }
+        out
+    };
+    let want = windows(&prefix);
+    assert!(want.len() > 3);
+    assert_eq!(
+        windows(Path::new("s3://wick-tokens/web_text_document")),
+        want
+    );
+    assert_eq!(
+        windows(Path::new("s3://wick-tokens/web_text_document.idx")),
+        want
+    );
+    assert_eq!(windows(Path::new("s3://wick-tokens")), want);
 }

@@ -164,7 +164,8 @@ fn is_megatron_index(path: &Path) -> bool {
 /// another kind it leaves out:
 ///
 /// - a file: by its name (TFRecord, `.tar`, `.safetensors`, a Megatron
-///   `.idx` or `.bin`), else a file list;
+///   `.idx` or `.bin`), else a file list; a Megatron prefix (`PREFIX` of
+///   `PREFIX.idx`);
 /// - a URL: shards by their names under it (Parquet files in a Hugging
 ///   Face dataset's layout: its train split), else a file list (`.csv`,
 ///   `.tsv`, `.txt`) or an image folder;
@@ -227,6 +228,27 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
             });
         }
         let list = [".csv", ".tsv", ".txt"].iter().any(|s| name.ends_with(s));
+        if crate::storage::is_url(path) && !list {
+            // Megatron datasets under a URL: its prefix, or a folder of
+            // them (each PREFIX.idx listed).
+            let url = crate::storage::url_of(path)
+                .trim_end_matches('/')
+                .to_string();
+            if crate::storage::Blob::open(Path::new(&format!("{url}.idx"))).is_ok() {
+                return Ok(one(
+                    DatasetKind::Megatron,
+                    "a prefix of a Megatron indexed dataset (PREFIX.idx, PREFIX.bin)".into(),
+                ));
+            }
+            if let Some(idx) = has(&[".idx"]) {
+                let paths: Vec<PathBuf> = idx.iter().map(|p| p.with_extension("")).collect();
+                let why = format!("{} Megatron indexed dataset(s) (*.idx)", paths.len());
+                return Ok(Detected {
+                    paths,
+                    ..one(DatasetKind::Megatron, why)
+                });
+            }
+        }
         return Ok(if path.is_file() || list {
             one(
                 DatasetKind::FileList,
@@ -240,6 +262,15 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
         });
     }
     if !path.is_dir() {
+        // A Megatron prefix, as Megatron's data paths name a dataset.
+        let mut idx = path.as_os_str().to_owned();
+        idx.push(".idx");
+        if is_megatron_index(Path::new(&idx)) {
+            return Ok(one(
+                DatasetKind::Megatron,
+                "a prefix of a Megatron indexed dataset (PREFIX.idx, PREFIX.bin)".into(),
+            ));
+        }
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: "no such file or folder".into(),
@@ -436,5 +467,11 @@ mod tests {
         assert_eq!(found.paths, [d.join("c")]);
         let e = open_path(d).unwrap_err().to_string();
         assert!(e.contains("Megatron::open"), "{e}");
+        // A prefix names the dataset as Megatron's data paths do.
+        let found = detect(d.join("c")).unwrap();
+        assert_eq!(found.kind, DatasetKind::Megatron);
+        assert_eq!(found.paths, [d.join("c")]);
+        let e = detect(d.join("nothing")).unwrap_err().to_string();
+        assert!(e.contains("no such file"), "{e}");
     }
 }
