@@ -476,3 +476,73 @@ fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
         assert_eq!(row[1].as_str().unwrap(), hex);
     }
 }
+
+/// From a store (here `file://` URLs, which go through it), reading the
+/// first row of an epoch fetches the rest of its shuffle window and the
+/// next window ahead, in the background, and nothing further.
+#[test]
+fn remote_row_groups_are_read_ahead_by_window() {
+    use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    tests::image_folder(&folder, 3, 10);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let out = dir.path().join("pq");
+    let opts = ConvertOptions {
+        format: ShardFormat::Parquet { row_group: 2 },
+        shard_size: 100,
+        ..Default::default()
+    };
+    convert(&source, &out, &opts, &|_| {}).unwrap();
+    let file = files(&out.join("data")).remove(0);
+    let url = format!("file://{}", file.display());
+    let p = Parquet::open_with(
+        [&url],
+        ParquetOptions {
+            shuffle_window: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.row_groups(), 15);
+    let images = p.__column_ranges("image");
+    // The image struct's leaves (bytes, path) of each group in turn.
+    let leaves = images.len() / p.row_groups();
+    let order = p.epoch_order(Some(4), 0).unwrap();
+    p.__record_reads();
+    p.read(order[0]).unwrap();
+    let groups_read = || {
+        let reads = p.__record_reads();
+        images
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, r))| {
+                reads
+                    .iter()
+                    .any(|(_, got)| got.start <= r.start && r.end <= got.end)
+            })
+            .map(|(i, _)| i / leaves)
+            .collect::<std::collections::BTreeSet<usize>>()
+    };
+    // The first window's 3 groups and the next window's 3, fetched on
+    // threads of their own: waited for (up to a minute), then nothing more.
+    let mut seen = std::collections::BTreeSet::new();
+    let t = std::time::Instant::now();
+    while seen.len() < 6 && t.elapsed() < std::time::Duration::from_secs(60) {
+        seen.extend(groups_read());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Which groups: those of the first 6 samples' windows in the order.
+    let window_of = |i: usize| i / 2; // 2 rows a group
+    let first: std::collections::BTreeSet<usize> =
+        order[..6].iter().map(|&i| window_of(i)).collect();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    assert!(first.is_subset(&seen), "{first:?} not in {seen:?}");
+    // The rest of the first window is held: reading it fetches nothing.
+    for &i in &order[..6] {
+        p.read(i).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    seen.extend(groups_read());
+    assert_eq!(seen.len(), 6, "{seen:?}");
+}

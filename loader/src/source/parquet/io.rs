@@ -228,6 +228,11 @@ impl RowGroupCache {
         }
     }
 
+    /// Whether row group `key` is held or being decoded.
+    pub(super) fn contains(&self, key: Key) -> bool {
+        crate::lock(&self.state).slots.contains_key(&key)
+    }
+
     /// Bytes of the decoded row groups held.
     pub(super) fn memory(&self) -> u64 {
         crate::lock(&self.state).bytes.values().sum()
