@@ -4,8 +4,12 @@
 # JPEGs converted by `wick convert --format parquet` to the Hugging Face
 # Hub's layout (image struct + ClassLabel, row groups of 100 rows as
 # `datasets` writes image datasets), read from disk and from a loopback S3
-# server (moto_server, `pip install "moto[server]"`).
-# Usage: benches/parquet.sh [ROUNDS] [COUNT]. Rounds run the cases in turn
+# server: s3rver (npm, Node; installed under target/bench-tools) by default,
+# or moto_server (`pip install "moto[server]"`, Python) with S3_SERVER=moto.
+# The server shares this machine's cores with the loader: its CPU time is
+# printed beside the table.
+# Usage: benches/parquet.sh [ROUNDS] [COUNT]; WORKERS=N fixes the decode
+# workers (default: AUTOTUNE), e.g. one core left for the server and I/O. Rounds run the cases in turn
 # so machine noise hits them alike; each cell is the median over rounds of
 # `wick bench`'s median of 3 epochs. RRC 224 + flip, u8 output, all cores,
 # shuffled (Parquet: block shuffle).
@@ -25,35 +29,48 @@ if [ ! -f "$out/.done" ]; then
 fi
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-moto_server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
-moto_pid=$!
-trap 'kill $moto_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+server=${S3_SERVER:-s3rver}
+if [ "$server" = moto ]; then
+  key=test
+  moto_server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+else
+  key=S3RVER
+  [ -x target/bench-tools/node_modules/.bin/s3rver ] ||
+    npm install -s --prefix target/bench-tools s3rver@3 >/dev/null
+  mkdir -p "$tmp/s3"
+  target/bench-tools/node_modules/.bin/s3rver -d "$tmp/s3" --address 127.0.0.1 --port "$port" \
+    --silent --configure-bucket photos >/dev/null 2>&1 &
+fi
+server_pid=$!
+trap 'kill $server_pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-python3 - "$port" "$out/hub" <<'PY'
+python3 - "$port" "$out/hub" "$key" <<'PY'
 import boto3, os, sys
-port, root = sys.argv[1:]
+port, root, key = sys.argv[1:]
 s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                  aws_access_key_id="test", aws_secret_access_key="test")
-s3.create_bucket(Bucket="photos")
+                  aws_access_key_id=key, aws_secret_access_key=key)
+if "photos" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+    s3.create_bucket(Bucket="photos")
 for d, _, files in os.walk(root):
     for f in files:
         p = os.path.join(d, f)
         s3.upload_file(p, "photos", "hub/" + os.path.relpath(p, root))
 PY
-export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=test \
-  AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=$key \
+  AWS_SECRET_ACCESS_KEY=$key AWS_REGION=us-east-1
 cases=(
   "folder (JPEG files)|$src"
   "Parquet, Hub layout, local|$out/hub"
-  "Parquet, Hub layout, loopback S3|s3://photos/hub"
+  "Parquet, Hub layout, loopback S3 ($server)|s3://photos/hub"
 )
 for r in $(seq 1 "$rounds"); do
   for i in "${!cases[@]}"; do
     IFS='|' read -r name data <<< "${cases[$i]}"
-    $w bench "$data" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_images_per_sec"], r["peak_rss_mb"], r["epoch_cpu_cores"][len(r["epoch_cpu_cores"])//2])' >> "$tmp/$i"
+    $w bench "$data" --json --workers "${WORKERS:-0}" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_images_per_sec"], r["peak_rss_mb"], r["epoch_cpu_cores"][len(r["epoch_cpu_cores"])//2])' >> "$tmp/$i"
   done
   echo "round $r done" >&2
 done
+echo "S3 server ($server) CPU over the whole run: $(awk '{printf "%.1f s", ($14+$15)/100}' /proc/$server_pid/stat)"
 python3 - "$tmp" "${#cases[@]}" "${cases[@]}" <<'PY'
 import statistics, sys
 tmp, n = sys.argv[1], int(sys.argv[2])

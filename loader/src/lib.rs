@@ -118,6 +118,9 @@ mod book_doctests {
     struct Loader;
     #[doc = include_str!("../../docs/src/guide/sources.md")]
     struct Sources;
+    #[cfg(feature = "parquet")]
+    #[doc = include_str!("../../docs/src/guide/hub.md")]
+    struct Hub;
     #[doc = include_str!("../../docs/src/guide/shards.md")]
     struct Shards;
     #[doc = include_str!("../../docs/src/guide/images.md")]
