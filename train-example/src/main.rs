@@ -163,13 +163,17 @@ fn datasets(args: &Args) -> Res<(Data, Option<Data>, usize)> {
         );
         Ok((Arc::new(p), classes))
     };
-    if let Some(repo) = &args.hf_dataset {
-        let (train, classes) = parquet(Parquet::from_hf_cache(repo, "train", &hub)?)?;
+    // A Hugging Face dataset's train split, and its first validation split.
+    let splits = |open: &dyn Fn(&str) -> candle_wick::Result<Parquet>| {
+        let (train, classes) = parquet(open("train")?)?;
         let val = VAL_SPLITS
             .iter()
-            .find_map(|split| Parquet::from_hf_cache(repo, split, &hub).ok())
+            .find_map(|split| open(split).ok())
             .map(|p| Arc::new(p) as Data);
-        return Ok((train, val, classes));
+        Res::Ok((train, val, classes))
+    };
+    if let Some(repo) = &args.hf_dataset {
+        return splits(&|split| Parquet::from_hf_cache(repo, split, &hub));
     }
     let folder = |train: &Path, val: Option<PathBuf>| -> Res<(Data, Option<Data>, usize)> {
         let train = ImageFolder::new(train)?;
@@ -211,12 +215,7 @@ fn datasets(args: &Args) -> Res<(Data, Option<Data>, usize)> {
         DatasetKind::Parquet => {
             // A Hugging Face dataset's folder or prefix: its own splits.
             if hub_files(path, "train", &hub).is_ok() {
-                let (train, classes) = parquet(Parquet::hub(path, "train", &hub)?)?;
-                let val = VAL_SPLITS
-                    .iter()
-                    .find_map(|split| Parquet::hub(path, split, &hub).ok())
-                    .map(|p| Arc::new(p) as Data);
-                return Ok((train, val, classes));
+                return splits(&|split| Parquet::hub(path, split, &hub));
             }
             let (train, classes) = parquet(Parquet::open(found.paths)?)?;
             Ok((train, None, classes))
