@@ -407,6 +407,31 @@ fn the_hf_cache_reads_offline() {
     }
 }
 
+/// An image folder of 3 classes x `per_class` images under `dir`, and
+/// its conversion to the Hub's layout (`wick convert --format parquet`):
+/// row groups of `row_group` rows, `shard_size` rows a file, the
+/// folder's class names.
+fn converted(
+    dir: &Path,
+    per_class: usize,
+    row_group: usize,
+    shard_size: usize,
+) -> (candle_wick::source::ImageFolder, PathBuf) {
+    use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+    let folder = dir.join("folder");
+    tests::image_folder(&folder, 3, per_class);
+    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    let out = dir.join("hub");
+    let opts = ConvertOptions {
+        format: ShardFormat::Parquet { row_group },
+        shard_size,
+        classes: Some(source.classes().to_vec()),
+        ..Default::default()
+    };
+    convert(&source, &out, &opts, &|_| {}).unwrap();
+    (source, out)
+}
+
 /// `wick convert --format parquet` (write::convert with
 /// ShardFormat::Parquet) writes the Hub's layout: `datasets` reads it as an
 /// `Image` and a `ClassLabel` of the folder's class names, with each row's
@@ -414,19 +439,8 @@ fn the_hf_cache_reads_offline() {
 /// footer.
 #[test]
 fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
-    use candle_wick::write::{convert, ConvertOptions, ShardFormat};
     let dir = tempfile::tempdir().unwrap();
-    let folder = dir.path().join("folder");
-    tests::image_folder(&folder, 3, 5);
-    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
-    let out = dir.path().join("hub");
-    let opts = ConvertOptions {
-        format: ShardFormat::Parquet { row_group: 4 },
-        shard_size: 8,
-        classes: Some(source.classes().to_vec()),
-        ..Default::default()
-    };
-    convert(&source, &out, &opts, &|_| {}).unwrap();
+    let (source, out) = converted(dir.path(), 5, 4, 8);
     let shards = files(&out.join("data"));
     let names: Vec<String> = shards
         .iter()
@@ -482,18 +496,8 @@ fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
 /// next window ahead, in the background, and nothing further.
 #[test]
 fn remote_row_groups_are_read_ahead_by_window() {
-    use candle_wick::write::{convert, ConvertOptions, ShardFormat};
     let dir = tempfile::tempdir().unwrap();
-    let folder = dir.path().join("folder");
-    tests::image_folder(&folder, 3, 10);
-    let source = candle_wick::source::ImageFolder::new(&folder).unwrap();
-    let out = dir.path().join("pq");
-    let opts = ConvertOptions {
-        format: ShardFormat::Parquet { row_group: 2 },
-        shard_size: 100,
-        ..Default::default()
-    };
-    convert(&source, &out, &opts, &|_| {}).unwrap();
+    let (_, out) = converted(dir.path(), 10, 2, 100);
     let file = files(&out.join("data")).remove(0);
     let url = format!("file://{}", file.display());
     let p = Parquet::open_with(
