@@ -491,27 +491,39 @@ fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
     }
 }
 
-/// From a store (here `file://` URLs, which go through it), reading the
-/// first row of an epoch fetches the rest of its shuffle window and the
-/// next window ahead, in the background, and nothing further.
-#[test]
-fn remote_row_groups_are_read_ahead_by_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, out) = converted(dir.path(), 10, 2, 100);
+/// 30 rows of images, 2 a row group, in one Hub-layout file under `dir`,
+/// opened through the store (a `file://` URL) with shuffle windows of
+/// `window` groups; with the image column's chunk ranges, each group's
+/// leaves (the struct's `bytes` and `path`) in turn, and the number of
+/// leaves a group has.
+fn through_store(
+    dir: &Path,
+    window: usize,
+) -> (Parquet, Vec<(PathBuf, std::ops::Range<u64>)>, usize) {
+    let (_, out) = converted(dir, 10, 2, 100);
     let file = files(&out.join("data")).remove(0);
     let url = format!("file://{}", file.display());
     let p = Parquet::open_with(
         [&url],
         ParquetOptions {
-            shuffle_window: 3,
+            shuffle_window: window,
             ..Default::default()
         },
     )
     .unwrap();
     assert_eq!(p.row_groups(), 15);
     let images = p.__column_ranges("image");
-    // The image struct's leaves (bytes, path) of each group in turn.
     let leaves = images.len() / p.row_groups();
+    (p, images, leaves)
+}
+
+/// From a store (here `file://` URLs, which go through it), reading the
+/// first row of an epoch fetches the rest of its shuffle window and the
+/// next window ahead, in the background, and nothing further.
+#[test]
+fn remote_row_groups_are_read_ahead_by_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, images, leaves) = through_store(dir.path(), 3);
     let order = p.epoch_order(Some(4), 0).unwrap();
     p.__record_reads();
     p.read(order[0]).unwrap();
@@ -549,4 +561,53 @@ fn remote_row_groups_are_read_ahead_by_window() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     seen.extend(groups_read());
     assert_eq!(seen.len(), 6, "{seen:?}");
+}
+
+/// From a store, reading an epoch's last shuffle window starts the next
+/// epoch's first (its order is a function of the seed), so the next
+/// epoch's first read finds it held instead of waiting for a fetch.
+#[test]
+fn remote_read_ahead_crosses_into_the_next_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    // One group a window: the cache holds three groups.
+    let (p, images, leaves) = through_store(dir.path(), 1);
+    // 2 rows a group.
+    let group_of = |i: usize| i / 2;
+    // A seed whose epoch 1 opens on a group epoch 0 does not end on (one
+    // of its last three would still be held: nothing to fetch ahead).
+    let last3 = |order: &[usize]| order[24..].iter().map(|&i| group_of(i)).collect::<Vec<_>>();
+    let seed = (0..)
+        .map(Some)
+        .find(|&s| {
+            let first1 = group_of(p.epoch_order(s, 1).unwrap()[0]);
+            !last3(&p.epoch_order(s, 0).unwrap()).contains(&first1)
+        })
+        .unwrap();
+    let order1 = p.epoch_order(seed, 1).unwrap();
+    let first1 = group_of(order1[0]);
+    let order0 = p.epoch_order(seed, 0).unwrap();
+    // Times group `first1`'s image chunk was fetched so far.
+    let mut log = Vec::new();
+    let mut fetches = || {
+        log.extend(p.__record_reads());
+        let (_, r) = &images[first1 * leaves];
+        log.iter()
+            .filter(|(_, got)| got.start <= r.start && r.end <= got.end)
+            .count()
+    };
+    fetches();
+    for &i in &order0 {
+        p.read(i).unwrap();
+    }
+    // Once in epoch 0, once ahead of epoch 1 (in the background: waited
+    // for, up to a minute).
+    let t = std::time::Instant::now();
+    while fetches() < 2 && t.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fetches(), 2);
+    // Epoch 1 opens on the held group: no fetch.
+    assert_eq!(p.epoch_order(seed, 1).unwrap(), order1);
+    p.read(order1[0]).unwrap();
+    assert_eq!(fetches(), 2);
 }

@@ -169,10 +169,13 @@ struct Plan {
     position: Vec<usize>,
     /// Positions below this were read ahead (or read).
     started: usize,
+    /// The next epoch (seed, epoch), whose first window is read ahead
+    /// once this epoch's last window is read (then `None`).
+    following: Option<(Option<u64>, u64)>,
 }
 
 impl Plan {
-    fn new(groups: Vec<usize>) -> Self {
+    fn new(groups: Vec<usize>, following: Option<(Option<u64>, u64)>) -> Self {
         let mut position = vec![0; groups.len()];
         for (i, &g) in groups.iter().enumerate() {
             position[g] = i;
@@ -181,6 +184,7 @@ impl Plan {
             groups,
             position,
             started: 0,
+            following,
         }
     }
 }
@@ -261,7 +265,7 @@ impl Parquet {
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                plan: Mutex::new(Plan::new((0..groups.len()).collect())),
+                plan: Mutex::new(Plan::new((0..groups.len()).collect(), None)),
                 files,
                 groups,
                 starts,
@@ -378,30 +382,46 @@ impl Parquet {
         })
     }
 
+    /// The row groups in epoch `epoch`'s order: permuted from `(seed,
+    /// epoch)`, or stored order without a seed.
+    fn group_order(&self, seed: Option<u64>, epoch: u64) -> Vec<usize> {
+        let mut groups: Vec<usize> = (0..self.inner.groups.len()).collect();
+        if let Some(seed) = seed {
+            groups.shuffle(&mut keyed_rng(seed, epoch, Purpose::BlockShuffle, 0));
+        }
+        groups
+    }
+
     /// From a store: reading group `g` starts fetching and decoding, each
     /// on a thread of its own, the groups after it in the epoch's order
     /// through the end of the next shuffle window, so a window's groups
     /// are ready when its rows are read instead of all fetched at its
-    /// start. The cache (two windows) holds the window read and the next.
-    /// An error is left for the read that needs the group (it fetches
-    /// again and reports it).
+    /// start; reading the epoch's last window starts the next epoch's
+    /// first (its order is a function of the seed), so an epoch does not
+    /// open on a wait for a whole window. The cache (three windows) holds
+    /// the window read and those ahead. An error is left for the read
+    /// that needs the group (it fetches again and reports it).
     fn read_ahead(&self, g: usize, id: u64, cols: &[String]) {
         let window = self.inner.opts.shuffle_window.max(1);
         let mut plan = crate::lock(&self.inner.plan);
         let Some(&at) = plan.position.get(g) else {
             return;
         };
-        let until = ((at / window + 2) * window).min(plan.groups.len());
-        if until <= plan.started {
-            return;
+        let len = plan.groups.len();
+        let until = ((at / window + 2) * window).min(len);
+        let mut next = Vec::new();
+        if until > plan.started {
+            // The rest of this window (read in shuffled order) and the next.
+            let started = plan.started;
+            next.extend(plan.groups[started..until].iter().filter(|&&n| n != g));
+            plan.started = until;
         }
-        // The rest of this window (read in shuffled order) and the next.
-        let next: Vec<usize> = plan.groups[plan.started..until]
-            .iter()
-            .copied()
-            .filter(|&n| n != g)
-            .collect();
-        plan.started = until;
+        if at / window == (len - 1) / window {
+            if let Some((seed, epoch)) = plan.following.take() {
+                let first = self.group_order(seed, epoch);
+                next.extend(first.into_iter().take(window).filter(|&n| n != g));
+            }
+        }
         drop(plan);
         for n in next {
             let group = &self.inner.groups[n];
@@ -887,13 +907,12 @@ impl Source for Parquet {
     /// The block shuffle: row groups permuted, rows shuffled within each
     /// window of `shuffle_window` row groups.
     fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
-        let mut groups: Vec<usize> = (0..self.inner.groups.len()).collect();
+        let groups = self.group_order(seed, epoch);
+        let following = Some((seed, epoch + 1));
+        *crate::lock(&self.inner.plan) = Plan::new(groups.clone(), following);
         let Some(seed) = seed else {
-            *crate::lock(&self.inner.plan) = Plan::new(groups);
             return Some((0..self.len()).collect());
         };
-        groups.shuffle(&mut keyed_rng(seed, epoch, Purpose::BlockShuffle, 0));
-        *crate::lock(&self.inner.plan) = Plan::new(groups.clone());
         let mut order = Vec::with_capacity(self.len());
         for (w, window) in groups.chunks(self.inner.opts.shuffle_window).enumerate() {
             let start = order.len();
