@@ -586,28 +586,45 @@ fn remote_read_ahead_crosses_into_the_next_epoch() {
     let order1 = p.epoch_order(seed, 1).unwrap();
     let first1 = group_of(order1[0]);
     let order0 = p.epoch_order(seed, 0).unwrap();
-    // Times group `first1`'s image chunk was fetched so far.
-    let mut log = Vec::new();
-    let mut fetches = || {
-        log.extend(p.__record_reads());
-        let (_, r) = &images[first1 * leaves];
-        log.iter()
+    // Times group `g`'s image chunk was fetched so far.
+    let log = std::cell::RefCell::new(Vec::new());
+    let fetches = |g: usize| {
+        log.borrow_mut().extend(p.__record_reads());
+        let (_, r) = &images[g * leaves];
+        log.borrow()
+            .iter()
             .filter(|(_, got)| got.start <= r.start && r.end <= got.end)
             .count()
     };
-    fetches();
-    for &i in &order0 {
+    // Waits (up to a minute) until group `g` was fetched `n` times: the
+    // fetches ahead run on threads of their own.
+    let wait = |g: usize, n: usize| {
+        let t = std::time::Instant::now();
+        while fetches(g) < n && t.elapsed() < std::time::Duration::from_secs(60) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        fetches(g)
+    };
+    fetches(first1);
+    // Epoch 0, a group at a time (a window is one group, its rows
+    // together): each group's fetch was started by the read of the one
+    // before; it is waited for before the group is read, so no fetch
+    // ahead is still to start when the next epoch's is looked for.
+    for (k, &i) in order0.iter().enumerate() {
+        if k > 0 && group_of(i) != group_of(order0[k - 1]) {
+            assert_eq!(
+                wait(group_of(i), 1),
+                1,
+                "group {} not fetched ahead",
+                group_of(i)
+            );
+        }
         p.read(i).unwrap();
     }
-    // Once in epoch 0, once ahead of epoch 1 (in the background: waited
-    // for, up to a minute).
-    let t = std::time::Instant::now();
-    while fetches() < 2 && t.elapsed() < std::time::Duration::from_secs(60) {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(fetches(), 2);
+    // Once in epoch 0, once ahead of epoch 1.
+    assert_eq!(wait(first1, 2), 2);
     // Epoch 1 opens on the held group: no fetch.
     assert_eq!(p.epoch_order(seed, 1).unwrap(), order1);
     p.read(order1[0]).unwrap();
-    assert_eq!(fetches(), 2);
+    assert_eq!(fetches(first1), 2);
 }
