@@ -908,7 +908,7 @@ impl Source for Parquet {
     /// window of `shuffle_window` row groups.
     fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
         let groups = self.group_order(seed, epoch);
-        let following = Some((seed, epoch + 1));
+        let following = epoch.checked_add(1).map(|next| (seed, next));
         *crate::lock(&self.inner.plan) = Plan::new(groups.clone(), following);
         let Some(seed) = seed else {
             return Some((0..self.len()).collect());
