@@ -9,11 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 count=${2:-2000}
-cargo build --release -q -p candle-wick --features cli
-cargo build --release -q -p benches --bin make-dataset
-src=$(./target/release/make-dataset "$count")
+. benches/common.sh
+photo_set "$count"
 out=target/bench-data/formats-$count
-w=./target/release/wick
 if [ ! -f "$out/.done" ]; then
   rm -rf "$out"
   $w convert "$src" "$out/tfrecord" --format tfrecord --shard-size 256

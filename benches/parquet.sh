@@ -21,18 +21,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 count=${2:-4000}
-cargo build --release -q -p candle-wick --features cli
-cargo build --release -q -p benches --bin make-dataset
-src=$(./target/release/make-dataset "$count")
+. benches/common.sh
+photo_set "$count"
 out=target/bench-data/parquet-$count
-w=./target/release/wick
 if [ ! -f "$out/.done" ]; then
   rm -rf "$out"
   $w convert "$src" "$out/hub" --format parquet --row-group 100 --shard-size 1000 >/dev/null
   touch "$out/.done"
 fi
 tmp=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 server=${S3_SERVER:-s3rver}
 if [ "$server" = moto ]; then
   key=test
@@ -72,7 +70,7 @@ if [ "$server" = s3rver ] && command -v nginx >/dev/null; then
   # nginx answers an object's GET/HEAD from s3rver's own object file
   # (KEY._S3rver_object: the uploaded bytes); a request with a query
   # (LIST) or another method goes on to s3rver.
-  port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port2=$(free_port)
   cat > "$tmp/nginx.conf" <<EOF
 worker_processes 1;
 daemon off;

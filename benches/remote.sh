@@ -18,11 +18,9 @@ mbps=${4:-100}
 # the I/O of the remote run, and for the server and proxy on this machine).
 all=$(nproc)
 worker_counts=${WORKERS:-"$all $((all > 1 ? all - 1 : 1))"}
-cargo build --release -q -p candle-wick --features cli
-cargo build --release -q -p benches --bin make-dataset --bin slow-proxy
-src=$(./target/release/make-dataset "$count")
+. benches/common.sh
+photo_set "$count" slow-proxy
 out=target/bench-data/remote-$count
-w=./target/release/wick
 if [ ! -f "$out/.done" ]; then
   rm -rf "$out"
   $w convert "$src" "$out/wds" --format wds --shard-size 256 >/dev/null
@@ -30,9 +28,8 @@ if [ ! -f "$out/.done" ]; then
   touch "$out/.done"
 fi
 tmp=$(mktemp -d)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-nginx_port=$(port)
-proxy_port=$(port)
+nginx_port=$(free_port)
+proxy_port=$(free_port)
 user=""
 [ "$(id -u)" = 0 ] && user="user root;"
 cat > "$tmp/nginx.conf" <<EOF
