@@ -10,8 +10,54 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 fn suffix(source: &Option<BoxError>) -> String {
     source
         .as_ref()
-        .map(|e| format!(": {e}"))
+        .map(|e| format!(": {}", redact(&e.to_string())))
         .unwrap_or_default()
+}
+
+/// `path` as messages show it: quoted, a URL without its credentials
+/// ([`redact`]).
+fn shown(path: &std::path::Path) -> String {
+    format!("{:?}", redact(&path.to_string_lossy()))
+}
+
+/// `text` with what a URL in it may carry as a secret replaced by `***`:
+/// the user and password before a host's `@`, and a query string
+/// (a presigned URL's signature, an Azure SAS token). Every message that
+/// names a path or a URL shows it through this; the stores never see such
+/// a URL (they refuse it), but a message may name one a user gave.
+pub(crate) fn redact(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        // The authority ends at the path, or where the URL ends.
+        let end = rest
+            .find(|c: char| c == '/' || c.is_whitespace() || c == '"' || c == '\'')
+            .unwrap_or(rest.len());
+        match rest[..end].rfind('@') {
+            Some(userinfo) => {
+                out.push_str("***");
+                out.push_str(&rest[userinfo..end]);
+            }
+            None => out.push_str(&rest[..end]),
+        }
+        rest = &rest[end..];
+        // A query string, up to the URL's end.
+        let url_end = rest
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+            .unwrap_or(rest.len());
+        if let Some(q) = rest[..url_end].find('?') {
+            out.push_str(&rest[..q]);
+            out.push_str("?***");
+            rest = &rest[url_end..];
+        }
+    }
+    out.push_str(rest);
+    out.into()
 }
 
 /// Everything that can go wrong while building a loader or producing a batch.
@@ -63,7 +109,7 @@ pub enum Error {
     },
 
     /// A dataset (folder, file list) could not be opened or listed.
-    #[error("cannot open dataset {path:?}: {reason}{}", suffix(.source))]
+    #[error("cannot open dataset {}: {reason}{}", shown(.path), suffix(.source))]
     Dataset {
         /// The folder or file that was being opened.
         path: PathBuf,
@@ -75,7 +121,7 @@ pub enum Error {
     },
 
     /// A line of a file list could not be parsed.
-    #[error("file list {path:?} line {line}: {reason}{}", suffix(.source))]
+    #[error("file list {} line {line}: {reason}{}", shown(.path), suffix(.source))]
     FileList {
         /// The list file.
         path: PathBuf,
@@ -89,7 +135,7 @@ pub enum Error {
     },
 
     /// An I/O error while listing or reading a dataset path.
-    #[error("cannot read {path:?}: {source}")]
+    #[error("cannot read {}: {}", shown(.path), redact(&.source.to_string()))]
     Io {
         /// The file or folder that could not be read.
         path: PathBuf,
@@ -100,7 +146,7 @@ pub enum Error {
 
     /// A shard (TFRecord, tar, safetensors) is damaged or not in the format
     /// it claims: a bad checksum, a truncated record, a header that lies.
-    #[error("shard {path:?} at byte {offset}: {reason}{}", suffix(.source))]
+    #[error("shard {} at byte {offset}: {reason}{}", shown(.path), suffix(.source))]
     Shard {
         /// The shard file.
         path: PathBuf,
@@ -194,7 +240,7 @@ pub enum Error {
     /// object or bucket is missing, access was refused, or the network or
     /// server failed (transient: [`retry`](crate::LoaderBuilder::retry)
     /// tries it again).
-    #[error("cannot read {url:?}: {reason}: {source}")]
+    #[error("cannot read {:?}: {reason}: {}", redact(.url), redact(&.source.to_string()))]
     Remote {
         /// The object's URL.
         url: String,
@@ -346,11 +392,11 @@ impl Error {
 /// (`cannot read "a.jpg": No such file or directory`): what wick prints and
 /// keeps in [`crate::stats::Stats`].
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
+    let mut s = redact(&e.to_string()).into_owned();
     let mut cur = e.source();
     while let Some(c) = cur {
         // wick's errors show their cause already; others may not.
-        let cause = c.to_string();
+        let cause = redact(&c.to_string()).into_owned();
         if !s.ends_with(&cause) {
             s += ": ";
             s += &cause;
@@ -371,6 +417,14 @@ mod tests {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "No such file"),
         };
         assert_eq!(e.to_string(), "cannot read \"a.jpg\": No such file");
+        let e = Error::Io {
+            path: "http://alice:S3CR3T@host:9/a.tar".into(),
+            source: std::io::Error::other("failed on http://alice:S3CR3T@host:9/a.tar?sig=X y"),
+        };
+        assert_eq!(
+            error_chain(&e),
+            "cannot read \"http://***@host:9/a.tar\": failed on http://***@host:9/a.tar?*** y"
+        );
         assert_eq!(error_chain(&e), e.to_string());
         let e = Error::Decode {
             key: "x.bmp".into(),

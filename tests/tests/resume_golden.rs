@@ -98,7 +98,7 @@ fn the_permutation_and_token_windows_are_pinned() {
 }
 
 const GOLDEN_STATE: &str = concat!(
-    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-2","#,
+    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-3","#,
     r#""seed":42,"shuffle_seed":42,"batch_size":3,"remainder":"split","world_size":2,"#,
     r#""mode":"random access","source_len":10,"source_shards":0,"source_digest":3646669912,"#,
     r#""max_pixels":89478485,"bad_samples":"Fail","fields":["v U32 [2]"],"map":null}}"#

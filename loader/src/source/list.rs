@@ -21,9 +21,28 @@ const HEADER_NAMES: &[&str] = &[
     "img",
 ];
 
+/// `scheme://authority` of a URL.
+fn scheme_authority(url: &str) -> &str {
+    let after = url.find("://").map_or(0, |i| i + 3);
+    let end = url[after..].find('/').map_or(url.len(), |i| after + i);
+    &url[..end]
+}
+
+/// The authority of a URL (`user:pass@host:port`).
+fn authority(url: &str) -> &str {
+    let s = scheme_authority(url);
+    s.find("://").map_or(s, |i| &s[i + 3..])
+}
+
 /// A dataset given as a CSV or TSV file of `path,label` rows.
 ///
 /// - Paths are relative to the list file's folder (absolute paths are kept).
+///   A list read from a URL is untrusted: its entries must stay in its
+///   store (relative paths, or URLs of the same bucket or host); an
+///   absolute local path or another store's URL is an error naming the
+///   line, unless the list is opened with [`FileList::trusting`]. No entry
+///   may carry a user, password or query string (they would be printed
+///   with every key, and are never sent).
 /// - The delimiter is a tab for `.tsv` files or when the first line holds a
 ///   tab, else a comma. Quoted fields follow RFC 4180; columns after the
 ///   second are ignored.
@@ -53,7 +72,17 @@ pub struct FileList {
 impl FileList {
     /// Parses the list at `path`.
     pub fn new(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        Self::parse(path.as_ref(), false)
+    }
+
+    /// Parses the list at `path`, a URL whose entries may name any local
+    /// path or URL (a list you wrote yourself).
+    pub fn trusting(path: impl AsRef<Path>) -> Result<Self> {
+        Self::parse(path.as_ref(), true)
+    }
+
+    fn parse(path: &Path, trusted: bool) -> Result<Self> {
+        let path = path.to_path_buf();
         // Local or remote (a URL); a list over 1 GiB is refused.
         let text = crate::storage::read_whole(&path, Vec::new(), 1 << 30)?;
         let first_line = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
@@ -107,7 +136,36 @@ impl FileList {
                 });
             }
             // An entry may be a URL of its own; else it is relative to the list.
-            let file = if crate::storage::is_url(Path::new(file)) {
+            let refuse = |reason: String| Error::FileList {
+                path: path.clone(),
+                line,
+                reason,
+                source: None,
+            };
+            let entry_is_url = crate::storage::is_url(Path::new(file));
+            if entry_is_url && (file.contains('?') || authority(file).contains('@')) {
+                return Err(refuse(
+                    "an entry with a user, password or query string in its URL (give \
+                     credentials with storage::configure or the environment)"
+                        .into(),
+                ));
+            }
+            if crate::storage::is_url(&path) && !trusted {
+                let list = crate::storage::url_of(&path);
+                let escapes = if entry_is_url {
+                    scheme_authority(file) != scheme_authority(list)
+                } else {
+                    Path::new(file).is_absolute()
+                };
+                if escapes {
+                    return Err(refuse(format!(
+                        "{:?} is outside the list's store: a list read from a URL names \
+                         objects beside it (open it with FileList::trusting to allow any path)",
+                        crate::error::redact(file)
+                    )));
+                }
+            }
+            let file = if entry_is_url {
                 PathBuf::from(file)
             } else {
                 base.join(file)

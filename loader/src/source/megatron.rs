@@ -426,17 +426,7 @@ fn token_type(code: u8) -> std::result::Result<TokenType, String> {
 /// a local copy first).
 fn read_index(path: &Path) -> Result<Index> {
     if crate::storage::is_url(path) {
-        let (local, temporary) = crate::storage::local_copy(path)?;
-        let read = std::fs::File::open(&local)
-            .map_err(|source| Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-            .and_then(|f| parse_index(path, f));
-        if temporary {
-            let _ = std::fs::remove_file(&local);
-        }
-        return read;
+        return parse_index(path, crate::storage::local_copy(path)?);
     }
     let file = std::fs::File::open(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),

@@ -137,14 +137,21 @@ impl MixtureBuilder {
         if self.members.is_empty() {
             return bad("no member".into());
         }
+        if self.members.len() > MAX_MEMBERS {
+            return bad(format!(
+                "{} members, over the {MAX_MEMBERS} a mixture holds (mix mixtures)",
+                self.members.len()
+            ));
+        }
         let mut schedule = vec![(0, self.members.iter().map(|m| m.1).collect::<Vec<_>>())];
         let mut changes = self.schedule;
         changes.sort_by_key(|c| c.0);
+        if let Some(w) = changes.windows(2).find(|w| w[0].0 == w[1].0) {
+            return bad(format!("two weight changes at epoch {}", w[0].0));
+        }
         for (epoch, weights) in changes {
             if epoch == 0 {
                 schedule[0].1 = weights;
-            } else if schedule.last().is_some_and(|l| l.0 == epoch) {
-                return bad(format!("two weight changes at epoch {epoch}"));
             } else {
                 schedule.push((epoch, weights));
             }
@@ -164,7 +171,14 @@ impl MixtureBuilder {
             }
             // Summed in order, as NumPy sums a few weights: the normalized
             // weights are then Megatron's to the bit.
-            let sum: f64 = weights.iter().fold(0.0, |a, w| a + w);
+            let mut sum: f64 = weights.iter().fold(0.0, |a, w| a + w);
+            if sum.is_infinite() {
+                // Finite weights whose sum is not: scaled by the largest
+                // first (the same proportions).
+                let most = weights.iter().copied().fold(0.0, f64::max);
+                weights.iter_mut().for_each(|w| *w /= most);
+                sum = weights.iter().fold(0.0, |a, w| a + w);
+            }
             if sum <= 0.0 {
                 return bad(format!("the weights from epoch {epoch} are all 0"));
             }
@@ -175,10 +189,13 @@ impl MixtureBuilder {
                 }
             }
         }
-        let mut offsets = vec![0];
+        let mut offsets = vec![0usize];
         for (m, _) in &self.members {
-            let total = offsets.last().copied().unwrap_or(0);
-            offsets.push(total + m.len());
+            let total = offsets.last().copied().unwrap_or(0).checked_add(m.len());
+            let Some(total) = total else {
+                return bad("the members hold more samples than can be counted".into());
+            };
+            offsets.push(total);
         }
         Ok(Mixture {
             inner: Arc::new(Inner {
@@ -191,6 +208,9 @@ impl MixtureBuilder {
         })
     }
 }
+
+/// Members a mixture holds at most: an epoch's picks are 16-bit.
+const MAX_MEMBERS: usize = u16::MAX as usize + 1;
 
 /// Member `picks[p]` for each sample `p` of an epoch of `n`, by `rule`
 /// (module docs); members of weight 0 are never picked.
@@ -301,18 +321,40 @@ impl Mixture {
     }
 
     /// Member `d`'s draws `first..first + n` (counted over the whole run):
-    /// pass `k / len` of the member, a permutation from `(seed, pass)`
-    /// (the stored order without a seed), at `k % len`.
+    /// pass `k / len` of the member, at `k % len`, in the member's own
+    /// order for that pass when it has one ([`Source::epoch_order`]: a
+    /// Parquet member's block shuffle, a nested mixture's) from a seed of
+    /// its own, else a permutation from `(seed, pass)` (the stored order
+    /// without a seed). The passes are asked for last first, so a member
+    /// that prepares its reads for the order it gave (Parquet's read-ahead)
+    /// prepares the first one read.
     fn draws(&self, d: usize, seed: Option<u64>, first: u64, n: usize) -> Vec<usize> {
-        let len = self.inner.members[d].len() as u64;
+        let member = &self.inner.members[d];
+        let len = member.len() as u64;
+        if n == 0 || len == 0 {
+            return Vec::new();
+        }
+        let last = (first + n as u64 - 1) / len;
+        let passes: Vec<u64> = (first / len..=last).collect();
+        let member_seed = seed
+            .map(|s| rand::RngCore::next_u64(&mut keyed_rng(s, 0, Purpose::MixturePass, d as u64)));
+        let mut orders: Vec<Vec<usize>> = passes
+            .iter()
+            .rev()
+            .map(|&pass| {
+                member.epoch_order(member_seed, pass).unwrap_or_else(|| {
+                    let mut order: Vec<usize> = (0..len as usize).collect();
+                    if let Some(seed) = seed {
+                        order.shuffle(&mut keyed_rng(seed, pass, Purpose::MixturePass, d as u64));
+                    }
+                    order
+                })
+            })
+            .collect();
+        orders.reverse();
         let mut out = Vec::with_capacity(n);
         let mut k = first;
-        while out.len() < n {
-            let pass = k / len;
-            let mut order: Vec<usize> = (0..len as usize).collect();
-            if let Some(seed) = seed {
-                order.shuffle(&mut keyed_rng(seed, pass, Purpose::MixturePass, d as u64));
-            }
+        for order in orders {
             let from = (k % len) as usize;
             let take = (len as usize - from).min(n - out.len());
             out.extend(&order[from..from + take]);

@@ -218,6 +218,23 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
             }
         }
         let name = path.to_string_lossy().to_ascii_lowercase();
+        #[cfg(feature = "parquet")]
+        if crate::storage::is_url(path) {
+            // A Hugging Face dataset's prefix holds its Parquet files in
+            // folders (data/, {config}/{split}/): its train split.
+            if let Ok(found) = super::hub_files(path, "train", &super::HubOptions::default()) {
+                return Ok(Detected {
+                    paths: found.files,
+                    ..one(
+                        DatasetKind::Parquet,
+                        format!(
+                            "a Hugging Face dataset ({:?} layout): its train split",
+                            found.layout
+                        ),
+                    )
+                });
+            }
+        }
         let megatron = (name.ends_with(".idx") || name.ends_with(".bin"))
             && (crate::storage::is_url(path) || is_megatron_index(&path.with_extension("idx")));
         if megatron {

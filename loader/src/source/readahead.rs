@@ -303,8 +303,9 @@ fn record_bytes(r: &Record) -> u64 {
 
 /// An I/O thread: reads the records asked for until the read-ahead is gone.
 fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBool>) {
-    // Reads ahead are not cancelled: a new epoch drops their results.
-    let never = AtomicBool::new(false);
+    // A new epoch drops the results of the reads of the last; a loader
+    // dropped stops their retries (`stop`, set when the read-ahead is
+    // dropped: no reader holds it while it reads).
     while !stop.load(Ordering::Relaxed) {
         let Ok((gen, index)) = queue.recv_timeout(Duration::from_millis(200)) else {
             continue;
@@ -313,16 +314,19 @@ fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBo
         if crate::lock(&ra.inner).gen != gen {
             continue;
         }
+        let (source, parts, retries) = (ra.source.clone(), ra.parts.clone(), ra.retries);
+        drop(ra);
         let t = Instant::now();
         let retried = std::sync::atomic::AtomicU32::new(0);
         let record = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let read = (index, &*ra.parts, Vec::new());
+            let read = (index, &*parts, Vec::new());
             let on_retry = || {
                 retried.fetch_add(1, Ordering::Relaxed);
             };
-            read_retrying(&*ra.source, read, ra.retries, &never, &on_retry)
+            read_retrying(&*source, read, retries, &stop, &on_retry)
         }));
         let record = record.ok().map(|r| (r, retried.into_inner()));
+        let Some(ra) = me.upgrade() else { return };
         ra.finish(gen, index, record, t.elapsed());
     }
 }

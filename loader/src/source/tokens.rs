@@ -492,20 +492,26 @@ fn prefetch_line(p: *const u8) {
 /// one, keeps it for later runs; else a temporary file, deleted once
 /// mapped: the mapping keeps its pages) and mapped from there.
 fn map(path: &Path) -> Result<(std::fs::File, u64, Mmap)> {
-    if crate::storage::is_url(path) {
-        let (local, temporary) = crate::storage::local_copy(path)?;
-        let mapped = map(&local);
-        if temporary {
-            let _ = std::fs::remove_file(&local);
-        }
-        return mapped;
-    }
-    let (file, bytes) = open_shard(path)?;
+    let (file, bytes) = if crate::storage::is_url(path) {
+        let file = crate::storage::local_copy(path)?;
+        let bytes = file
+            .metadata()
+            .map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
+        (file, bytes)
+    } else {
+        open_shard(path)?
+    };
     // SAFETY: the map is read-only and every access is bounds-checked
     // against its length. That is sound only while no one writes the file
     // in place, which this module cannot enforce (a concurrent write
     // changes bytes behind `&[u8]`): the type's docs state the contract. A
-    // truncation is SIGBUS on the next read of a lost page, which the
+    // remote object's copy is a file no writer has open (the cache renames
+    // a finished, synced file into place, or it is a deleted temporary).
+    // A truncation is SIGBUS on the next read of a lost page, which the
     // mapping's guard (mapguard.rs) turns into zeros and an error on Linux.
     let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
         path: path.to_path_buf(),

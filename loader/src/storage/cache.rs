@@ -11,11 +11,19 @@
 //! fetched anew; a sample file (read without a HEAD request) by its URL
 //! alone: clear the directory after rewriting sample files in place.
 //!
-//! Files are written under a temporary name and renamed, so a crash or
-//! another process never sees half a file; a file deleted by another
-//! process (its eviction) is a miss. The directory's limit is kept over
-//! what is in it, whoever wrote it: when this process's count passes the
-//! limit, the directory is listed and the least recently used files go.
+//! Files are written under a temporary name of their own (64 random
+//! bits, created exclusively: ranks that are each PID 1 in their own
+//! container never share one), synced to disk, checked for their size and
+//! renamed, so a crash or another process never sees half a file; a file
+//! deleted by another process (its eviction, a cleanup) is a miss and is
+//! fetched again. The directory's limit is kept over what is in it,
+//! whoever wrote it: uses are stamped on the files (their modification
+//! time, at most once a second a file), so every process ranks every
+//! file by one clock; when this process's count passes the limit, the
+//! least recently used files go until 90% of it is left, and the
+//! directory is listed again (outside the lock) only once a tenth of the
+//! limit was written or 10 s passed since the last listing: eviction
+//! costs O(1) a file written, not a listing per sample.
 
 use super::RemoteCache;
 use bytes::Bytes;
@@ -23,7 +31,29 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How often a file's use is stamped on it, at most.
+const TOUCH_EVERY: Duration = if cfg!(test) {
+    Duration::ZERO
+} else {
+    Duration::from_secs(1)
+};
+
+/// How long a failed download of an object is not tried again (its reads
+/// stay ranged meanwhile).
+const FAILED_WAIT: Duration = Duration::from_secs(60);
+
+/// Nanoseconds since the epoch: the one clock of uses, this process's and
+/// (through the files' times) the others'.
+fn now_ns() -> u64 {
+    ns(SystemTime::now())
+}
+
+fn ns(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
 
 /// Most objects downloaded whole at once.
 pub(crate) const MAX_DOWNLOADS: usize = 4;
@@ -77,10 +107,22 @@ struct Mem {
 
 struct Disk {
     dir: PathBuf,
-    /// File name → (size, last use, touched by this process).
-    map: HashMap<String, (u64, u64, bool)>,
+    /// File name → its size and uses.
+    map: HashMap<String, OnDisk>,
     bytes: u64,
-    tick: u64,
+    /// When the directory was last listed, and bytes written since.
+    scanned: Option<Instant>,
+    written: u64,
+}
+
+/// A file of the directory, as this process knows it.
+#[derive(Debug, Clone, Copy)]
+struct OnDisk {
+    size: u64,
+    /// Its last use, by this process or (its file's time) another.
+    used: u64,
+    /// When this process last stamped its use on the file.
+    touched: u64,
 }
 
 /// A whole-object download under way ([`ObjectCache::want`]).
@@ -100,6 +142,8 @@ pub(crate) struct ObjectCache {
     mem: Mutex<Mem>,
     disk: Option<Mutex<Disk>>,
     downloading: Mutex<HashSet<String>>,
+    /// Objects whose download failed, and when.
+    failed: Mutex<HashMap<String, Instant>>,
 }
 
 /// The file name of `key` in the directory: a hash (FNV-1a, 64 bits) of
@@ -125,9 +169,10 @@ impl ObjectCache {
                     dir: dir.clone(),
                     map: HashMap::new(),
                     bytes: 0,
-                    tick: 0,
+                    scanned: None,
+                    written: 0,
                 };
-                disk.rescan();
+                disk.merge(scan(dir));
                 Some(Mutex::new(disk))
             }
         };
@@ -136,6 +181,7 @@ impl ObjectCache {
             mem: Mutex::default(),
             disk,
             downloading: Mutex::default(),
+            failed: Mutex::default(),
         })
     }
 
@@ -151,9 +197,8 @@ impl ObjectCache {
                 return (end <= bytes.len()).then(|| bytes.slice(start..end));
             }
         }
-        let path = self.on_disk(key)?;
+        let (path, file) = self.on_disk(key)?;
         let mut buf = vec![0; (range.end - range.start) as usize];
-        let file = File::open(&path).ok()?;
         crate::source::read_exact_at(&file, &path, range.start, &mut buf).ok()?;
         Some(buf.into())
     }
@@ -169,28 +214,46 @@ impl ObjectCache {
                 return Some(bytes.clone());
             }
         }
-        let bytes: Bytes = std::fs::read(self.on_disk(key)?).ok()?.into();
+        let (_, mut file) = self.on_disk(key)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).ok()?;
+        let bytes: Bytes = bytes.into();
         self.keep_in_memory(key, &bytes);
         Some(bytes)
     }
 
-    /// The file of `key` if the directory holds it (marked used).
-    fn on_disk(&self, key: &str) -> Option<PathBuf> {
+    /// The file of `key`, open, if the directory holds it whole (its use
+    /// stamped on it for the other processes); a file gone or of another
+    /// size (deleted or cut by someone else) is forgotten, a miss.
+    fn on_disk(&self, key: &str) -> Option<(PathBuf, File)> {
         let mut d = crate::lock(self.disk.as_ref()?);
         let name = file_name(key);
-        d.tick += 1;
-        let tick = d.tick;
         let path = d.dir.join(&name);
-        let (_, used, touched) = d.map.get_mut(&name)?;
-        *used = tick;
-        if !std::mem::replace(touched, true) {
+        let known = *d.map.get(&name)?;
+        let opened = File::open(&path)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.len() == known.size));
+        let Some(file) = opened else {
+            d.map.remove(&name);
+            d.bytes -= known.size;
+            return None;
+        };
+        let now = now_ns();
+        let stamp = now.saturating_sub(known.touched) >= TOUCH_EVERY.as_nanos() as u64;
+        if stamp {
             // Its use, for the other processes' eviction order.
             let _ = File::options()
                 .append(true)
                 .open(&path)
                 .and_then(|f| f.set_modified(SystemTime::now()));
         }
-        Some(path)
+        if let Some(e) = d.map.get_mut(&name) {
+            e.used = now;
+            if stamp {
+                e.touched = now;
+            }
+        }
+        Some((path, file))
     }
 
     /// A download of object `key` (`len` bytes) to start now, when a
@@ -200,6 +263,12 @@ impl ObjectCache {
         let file = self.download_path(key, len);
         let keep = self.fits_memory(len);
         if file.is_none() && !keep {
+            return None;
+        }
+        if crate::lock(&self.failed)
+            .get(key)
+            .is_some_and(|t| t.elapsed() < FAILED_WAIT)
+        {
             return None;
         }
         let mut d = crate::lock(&self.downloading);
@@ -218,12 +287,13 @@ impl ObjectCache {
         })
     }
 
-    /// Where a download of `key` writes, when it goes to the directory.
+    /// Where a download of `key` writes, when it goes to the directory: a
+    /// name no other writer has (64 random bits; the writer creates it
+    /// exclusively). Process ids are not unique across containers.
     fn download_path(&self, key: &str, len: u64) -> Option<PathBuf> {
-        let mut d = crate::lock(self.disk.as_ref()?);
+        let d = crate::lock(self.disk.as_ref()?);
         (len <= self.config.disk).then(|| {
-            d.tick += 1;
-            let tmp = format!("{}.part-{}-{}", file_name(key), std::process::id(), d.tick);
+            let tmp = format!("{}.part-{:016x}", file_name(key), rand::random::<u64>());
             d.dir.join(tmp)
         })
     }
@@ -247,44 +317,60 @@ impl ObjectCache {
             }
             _ => {}
         }
+        if got.is_none() {
+            crate::lock(&self.failed).insert(key.clone(), Instant::now());
+        } else {
+            crate::lock(&self.failed).remove(&key);
+        }
         if let (Some(bytes), true) = (&got, keep) {
             self.keep_in_memory(&key, bytes);
         }
         crate::lock(&self.downloading).remove(&key);
     }
 
-    /// The file of object `key` (`len` bytes) in the directory, written by
-    /// `fetch` (to a temporary path) when missing; `None` without a
-    /// directory or when the object is over its limit.
+    /// The file of object `key` (`len` bytes) in the directory, open,
+    /// written by `fetch` (to a new temporary path) when missing; `None`
+    /// without a directory or when the object is over its limit.
     pub(crate) fn file(
         &self,
         key: &str,
         len: u64,
         fetch: impl FnOnce(&Path) -> crate::Result<()>,
-    ) -> Option<crate::Result<PathBuf>> {
-        if let Some(path) = self.on_disk(key) {
-            return Some(Ok(path));
+    ) -> Option<crate::Result<File>> {
+        if let Some((_, file)) = self.on_disk(key) {
+            return Some(Ok(file));
         }
         let tmp = self.download_path(key, len)?;
         if let Err(e) = fetch(&tmp) {
             let _ = std::fs::remove_file(&tmp);
             return Some(Err(e));
         }
+        // Opened before it is renamed: a file another process evicts at
+        // once is still whole to this one.
+        let file = File::open(&tmp).map_err(|source| crate::Error::Io {
+            path: tmp.clone(),
+            source,
+        });
         self.store_file(key, &tmp, len);
-        Some(self.on_disk(key).ok_or_else(|| {
-            crate::Error::InvalidConfig(format!(
-                "{key}: downloaded into the remote cache's directory, but not found there"
-            ))
-        }))
+        Some(file)
     }
 
     /// Keeps a whole object read anyway (a sample file's GET).
     pub(crate) fn store(&self, key: &str, bytes: &Bytes) {
+        use std::io::Write;
         self.keep_in_memory(key, bytes);
         let Some(tmp) = self.download_path(key, bytes.len() as u64) else {
             return;
         };
-        if std::fs::write(&tmp, bytes).is_ok() {
+        let written = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(bytes)?;
+                f.sync_data()
+            });
+        if written.is_ok() {
             self.store_file(key, &tmp, bytes.len() as u64);
         } else {
             let _ = std::fs::remove_file(&tmp);
@@ -322,72 +408,105 @@ impl ObjectCache {
         }
     }
 
-    /// Renames a written file into the directory, then keeps the
-    /// directory within its limit.
+    /// Renames a written (and synced) file into the directory when it
+    /// holds `len` bytes, then keeps the directory within its limit.
     fn store_file(&self, key: &str, tmp: &Path, len: u64) {
         let Some(disk) = &self.disk else { return };
+        let whole = std::fs::metadata(tmp).is_ok_and(|m| m.len() == len);
+        let scan_now = {
+            let mut d = crate::lock(disk);
+            let name = file_name(key);
+            if !whole || std::fs::rename(tmp, d.dir.join(&name)).is_err() {
+                let _ = std::fs::remove_file(tmp);
+                return;
+            }
+            let now = now_ns();
+            let entry = OnDisk {
+                size: len,
+                used: now,
+                touched: now,
+            };
+            if let Some(old) = d.map.insert(name, entry) {
+                d.bytes -= old.size;
+            }
+            d.bytes += len;
+            d.written += len;
+            if d.bytes <= self.config.disk {
+                return;
+            }
+            // What others wrote counts too: listed again now and then.
+            let stale = d
+                .scanned
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+                || d.written > self.config.disk / 10;
+            if !stale {
+                d.evict(self.config.disk);
+                return;
+            }
+            d.dir.clone()
+        };
+        // The listing (a large directory's is slow) runs outside the lock.
+        let found = scan(&scan_now);
         let mut d = crate::lock(disk);
-        let name = file_name(key);
-        if std::fs::rename(tmp, d.dir.join(&name)).is_err() {
-            let _ = std::fs::remove_file(tmp);
-            return;
-        }
-        d.tick += 1;
-        let tick = d.tick;
-        if let Some((old, _, _)) = d.map.insert(name, (len, tick, true)) {
-            d.bytes -= old;
-        }
-        d.bytes += len;
-        if d.bytes > self.config.disk {
-            d.rescan();
-            d.evict(self.config.disk);
-        }
+        d.merge(found);
+        d.evict(self.config.disk);
     }
 }
 
-impl Disk {
-    /// Reads the directory: its objects, oldest use first; temporary
-    /// files over an hour old (a crashed writer's) are deleted.
-    fn rescan(&mut self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let mut found: Vec<(SystemTime, String, u64)> = Vec::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Ok(meta) = e.metadata() else { continue };
-            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            if name.ends_with(".obj") {
-                found.push((modified, name, meta.len()));
-            } else if name.contains(".obj.part-")
-                && modified.elapsed().unwrap_or_default() > Duration::from_secs(3600)
-            {
-                let _ = std::fs::remove_file(e.path());
-            }
+/// The directory's objects: name, size and time of last use (the file's
+/// modification time); temporary files over an hour old (a crashed
+/// writer's) are deleted.
+fn scan(dir: &Path) -> Option<Vec<(String, u64, u64)>> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(meta) = e.metadata() else { continue };
+        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if name.ends_with(".obj") {
+            found.push((name, meta.len(), ns(modified)));
+        } else if name.contains(".obj.part-")
+            && modified.elapsed().unwrap_or_default() > Duration::from_secs(3600)
+        {
+            let _ = std::fs::remove_file(e.path());
         }
-        found.sort();
+    }
+    Some(found)
+}
+
+impl Disk {
+    /// Takes a listing of the directory ([`scan`]) as what it holds; a
+    /// file's last use is the later of its time and this process's use.
+    fn merge(&mut self, found: Option<Vec<(String, u64, u64)>>) {
+        let Some(found) = found else { return };
         let old = std::mem::take(&mut self.map);
         self.bytes = 0;
-        for (n, (_, name, size)) in found.into_iter().enumerate() {
-            // This process's own uses rank after what the files say.
-            let used = old.get(&name).map_or(n as u64, |o| self.tick + o.1);
-            let touched = old.get(&name).is_some_and(|o| o.2);
+        for (name, size, modified) in found {
+            let mine = old.get(&name);
+            let entry = OnDisk {
+                size,
+                used: mine.map_or(modified, |o| o.used.max(modified)),
+                touched: mine.map_or(0, |o| o.touched),
+            };
             self.bytes += size;
-            self.map.insert(name, (size, used, touched));
+            self.map.insert(name, entry);
         }
-        self.tick += self.map.len() as u64 + old.values().map(|o| o.1).max().unwrap_or(0);
+        self.scanned = Some(Instant::now());
+        self.written = 0;
     }
 
-    /// Deletes the least recently used files until `limit` holds.
+    /// Deletes the least recently used files until 90% of `limit` holds
+    /// (room for the next writes without an eviction each).
     fn evict(&mut self, limit: u64) {
+        let target = limit - limit / 10;
         let mut order: Vec<(u64, String, u64)> = self
             .map
             .iter()
-            .map(|(n, (size, used, _))| (*used, n.clone(), *size))
+            .map(|(n, e)| (e.used, n.clone(), e.size))
             .collect();
-        order.sort();
+        order.sort_unstable();
         for (_, name, size) in order {
-            if self.bytes <= limit {
+            if self.bytes <= target {
                 break;
             }
             // Deleted under a reader, a file stays readable to it (Unix).

@@ -44,13 +44,17 @@ const WINDOW: u64 = 8 << 20;
 /// Bytes of a sequential reader's first window.
 const FIRST_WINDOW: u64 = 1 << 20;
 
-/// Sets object-store options for every URL that starts with `prefix`
-/// (`"s3://my-bucket"`, `"https://host"`), over the environment's: the
+/// Sets object-store options for every URL under `prefix`
+/// (`"s3://my-bucket"`, `"https://host"`; matched at a `/`, so
+/// `"s3://data"` is not `"s3://data-public"`), over the environment's: the
 /// keys are `object_store`'s configuration keys (`aws_endpoint`,
 /// `aws_region`, `aws_access_key_id`, `aws_allow_http`,
 /// `google_service_account`, `azure_storage_account_name`, `timeout`,
-/// ...). Applies to stores made after the call. An unknown key fails the
-/// first open of such a URL, naming it.
+/// `read_timeout`, ...). Applies to stores made after the call. An
+/// unknown key fails the first open of such a URL, naming it. `timeout`
+/// bounds each ranged request (30 s by default); a whole object's download
+/// (token files, Megatron's, the cache's) is bounded by progress instead:
+/// `read_timeout` (30 s by default) without a byte fails it.
 ///
 /// ```
 /// candle_wick::storage::configure(
@@ -448,12 +452,11 @@ pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8
     Ok(bytes)
 }
 
-/// A local file holding the object at `url` whole (for a format read as a
-/// local file: memory-mapped token files): the remote cache directory's
+/// The object at `url` whole, as an open local file (for a format read as
+/// a local file: memory-mapped token files): the remote cache directory's
 /// file ([`RemoteCache::disk`], fetched into it when missing, reused
-/// after a restart), else a temporary file, `true`, that the caller
-/// deletes once it has opened it.
-pub(crate) fn local_copy(url: &Path) -> Result<(PathBuf, bool)> {
+/// after a restart), else a temporary file already deleted.
+pub(crate) fn local_copy(url: &Path) -> Result<File> {
     remote::local_copy(url_of(url))
 }
 
@@ -463,15 +466,22 @@ pub(crate) fn upload(local: &Path, url: &Path) -> Result<()> {
     remote::upload(local, url_of(url))
 }
 
+/// Deletes the object at `url`; the error names it.
+pub(crate) fn delete(url: &Path) -> Result<()> {
+    remote::delete(url_of(url))
+}
+
 /// Every object under the URL prefix `url`, as URLs, sorted.
 pub(crate) fn list_all(url: &str) -> Result<Vec<String>> {
-    remote::list(url)
+    remote::list(url, true)
 }
 
 /// The objects a URL names: itself when its name ends with one of
 /// `suffixes`; a brace pattern's expansion (`train-{0000..0099}.tar`, as
 /// WebDataset writes shard lists); else every object under it (a prefix)
-/// whose name ends with one of them, sorted. An error when none does.
+/// whose name ends with one of them, directly in it as a local folder's
+/// files are (not in its subfolders: `train/` and `val/` under one prefix
+/// stay apart), sorted. An error when none does.
 pub(crate) fn list_urls(url: &str, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
     let ends = |u: &str| suffixes.iter().any(|s| u.ends_with(s));
     let urls: Vec<String> = if let Some(expanded) = expand_braces(url)? {
@@ -480,7 +490,7 @@ pub(crate) fn list_urls(url: &str, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
         vec![url.to_string()]
     } else {
         let prefix = url.trim_end_matches('/');
-        remote::list(prefix)?
+        remote::list(prefix, false)?
             .into_iter()
             .filter(|u| ends(u))
             .collect()

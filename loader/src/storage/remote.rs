@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -79,27 +79,69 @@ pub(crate) fn configure(prefix: &str, opts: Vec<(String, String)>) {
     all.retain(|(p, _)| p != prefix);
     all.push((prefix.to_string(), opts));
     // A store made before keeps its settings: forget it.
-    crate::lock(stores()).retain(|root, _| !root.starts_with(prefix) && !prefix.starts_with(root));
+    crate::lock(stores()).retain(|(root, _), _| !under(root, prefix) && !under(prefix, root));
 }
 
-fn stores() -> &'static Mutex<HashMap<String, Arc<dyn ObjectStore>>> {
-    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+/// Whether `url` is `prefix` or under it at a path boundary:
+/// `s3://data` holds `s3://data/x`, not `s3://data-public/x`.
+fn under(url: &str, prefix: &str) -> bool {
+    url.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
+}
+
+/// What a client is made for: ranged reads (every request bounded in
+/// time, 30 s) or whole objects (bounded by progress: a read that waits
+/// 30 s for a byte fails, a long transfer does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Use {
+    Ranges,
+    Whole,
+}
+
+/// The clients made, by store root and use.
+type Stores = HashMap<(String, Use), Arc<dyn ObjectStore>>;
+
+fn stores() -> &'static Mutex<Stores> {
+    static STORES: OnceLock<Mutex<Stores>> = OnceLock::new();
     STORES.get_or_init(Default::default)
 }
 
 /// `scheme://authority` and the object path of `url`.
 fn split(url: &str) -> Result<(String, &str, &str)> {
-    let bad = |why: &str| Error::InvalidConfig(format!("{url:?} is not a storage URL: {why}"));
+    let bad = |why: &str| {
+        let shown = crate::error::redact(url);
+        Error::InvalidConfig(format!("{shown:?} is not a storage URL: {why}"))
+    };
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     if scheme != "file" && authority.is_empty() {
         return Err(bad("no bucket or host"));
+    }
+    // Neither would be sent (object_store takes neither from a URL), and
+    // both would be printed wherever the URL is: refused, the message
+    // showing the URL without them.
+    if authority.contains('@') {
+        return Err(bad(
+            "a user or password in the URL is not sent: give credentials with \
+             storage::configure or the environment (AWS_*, GOOGLE_*, AZURE_*)",
+        ));
+    }
+    if path.contains('?') || path.contains('#') {
+        return Err(bad(
+            "a query string (a presigned or SAS URL) is not read: give credentials with \
+             storage::configure or the environment",
+        ));
     }
     Ok((format!("{scheme}://{authority}"), scheme, path))
 }
 
 /// The store that holds `url`, and the object's path in it.
 pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
+    store_for(url, Use::Ranges)
+}
+
+/// [`store`] with a client made for `purpose`.
+fn store_for(url: &str, purpose: Use) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     let (root, scheme, path) = split(url)?;
     crypto();
     let object = if scheme == "file" {
@@ -108,12 +150,12 @@ pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
         ObjectPath::from_url_path(path)
     }
     .map_err(|e| remote_error(url, "bad object path", object_store::Error::from(e)))?;
-    if let Some(s) = crate::lock(stores()).get(&root) {
+    if let Some(s) = crate::lock(stores()).get(&(root.clone(), purpose)) {
         return Ok((s.clone(), object));
     }
     let opts: Vec<(String, String)> = crate::lock(options())
         .iter()
-        .filter(|(p, _)| url.starts_with(p.as_str()))
+        .filter(|(p, _)| under(url, p))
         .flat_map(|(_, o)| o.clone())
         .collect();
     // Bounded: a paused server surfaces as an error the loader's own
@@ -125,8 +167,23 @@ pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     };
     // Bounded requests, set as options so the environment's other client
     // settings (`AWS_ALLOW_HTTP`, proxies) stay; given options come after.
+    // A whole object's transfer takes what its size and the link make
+    // it: bounded by progress (30 s without a byte fails), and its total
+    // time bounded only far above any real transfer, each part resumed
+    // from where it stopped (`fetch_whole`).
     let mut opts = opts;
-    let mut defaults = vec![("timeout", "30s"), ("connect_timeout", "5s")];
+    if purpose == Use::Whole {
+        // A total time given for requests is not one for transfers.
+        opts.retain(|(k, _)| k != "timeout");
+    }
+    let mut defaults = match purpose {
+        Use::Ranges => vec![("timeout", "30s"), ("connect_timeout", "5s")],
+        Use::Whole => vec![
+            ("timeout", "6h"),
+            ("read_timeout", "30s"),
+            ("connect_timeout", "5s"),
+        ],
+    };
     if scheme == "http" {
         defaults.push(("allow_http", "true"));
     }
@@ -161,7 +218,7 @@ pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
         }
     };
     let made = made.map_err(|e| remote_error(url, "cannot set up the object store", e))?;
-    crate::lock(stores()).insert(root, made.clone());
+    crate::lock(stores()).insert((root, purpose), made.clone());
     Ok((made, object))
 }
 
@@ -193,38 +250,115 @@ fn option_error(url: &str, key: &str, e: object_store::Error) -> Error {
     remote_error(url, &format!("unknown object-store option {key:?}"), e)
 }
 
-/// One object: its store, path and size.
-#[derive(Debug, Clone)]
+/// What an open saw of an object, that every later read requires: its
+/// entity tag, else its modification time (a server without tags).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Version {
+    e_tag: Option<String>,
+    modified: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Version {
+    fn of(meta: &object_store::ObjectMeta) -> Self {
+        Self {
+            e_tag: meta.e_tag.clone(),
+            modified: Some(meta.last_modified),
+        }
+    }
+
+    /// `options` made conditional on this version: `If-Match` its tag (a
+    /// strong one; a weak tag never matches), else `If-Unmodified-Since`.
+    fn require(&self, options: GetOptions) -> GetOptions {
+        match &self.e_tag {
+            Some(tag) if !tag.starts_with("W/") => options.with_if_match(Some(tag.clone())),
+            _ => GetOptions {
+                if_unmodified_since: self.modified,
+                ..options
+            },
+        }
+    }
+
+    /// The cache's name for the object at `url` of `size` bytes in this
+    /// version.
+    fn key(&self, url: &str, size: u64) -> String {
+        let tag = match (&self.e_tag, &self.modified) {
+            (Some(tag), _) => tag.clone(),
+            (None, Some(t)) => t.timestamp_micros().to_string(),
+            (None, None) => String::new(),
+        };
+        format!("{url}#{size}#{tag}")
+    }
+}
+
+/// One object: its store, path, size and the version its reads require.
+#[derive(Clone)]
 pub(crate) struct Object {
     store: Arc<dyn ObjectStore>,
+    /// Its store's `scheme://authority`, whose back-off its reads share.
+    root: Arc<str>,
     path: ObjectPath,
     url: Arc<str>,
     len: u64,
-    /// Its name in the local cache: URL, size and entity tag.
+    version: Version,
+    /// Its name in the local cache: URL, size and version.
     key: Arc<str>,
 }
 
+// By hand: the store's own `Debug` may print credentials (object_store
+// derives it for Azure's keys and SAS tokens).
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("url", &self.url)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error for a read of `url` refused because the object is not the
+/// one its open saw.
+fn changed(url: &str, e: object_store::Error) -> Error {
+    Error::Remote {
+        url: url.to_string(),
+        reason: "the object changed since it was opened (its entity tag or time differs): \
+                 open the dataset again"
+            .into(),
+        transient: false,
+        source: Box::new(e),
+    }
+}
+
+/// [`remote_error`], or [`changed`] for a failed precondition.
+fn read_error(url: &str, what: &str, e: object_store::Error) -> Error {
+    match e {
+        object_store::Error::Precondition { .. } => changed(url, e),
+        e => remote_error(url, what, e),
+    }
+}
+
 impl Object {
-    /// Opens `url`: its size from the listing that just named it, else
-    /// from a HEAD request.
+    /// Opens `url`: its size and version from the listing that just named
+    /// it, else from a HEAD request.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let (store, path) = store(url)?;
-        let (size, tag) = match crate::lock(listed()).remove(url) {
+        let root: Arc<str> = split(url)?.0.into();
+        let (size, version) = match crate::lock(listed()).remove(url) {
             Some(known) => known,
             None => {
                 let (s, p) = (store.clone(), path.clone());
                 let meta = block_on(async move { s.head(&p).await })?
                     .map_err(|e| remote_error(url, "cannot read the object's size", e))?;
-                (meta.size, meta.e_tag)
+                (meta.size, Version::of(&meta))
             }
         };
-        let tag = tag.as_deref().unwrap_or_default();
         Ok(Self {
             store,
+            root,
             path,
             url: url.into(),
             len: size,
-            key: format!("{url}#{size}#{tag}").into(),
+            key: version.key(url, size).into(),
+            version,
         })
     }
 
@@ -234,8 +368,8 @@ impl Object {
     }
 
     /// Bytes `range` of the object: from the local cache, else one ranged
-    /// GET (and the whole object is fetched for the cache in the
-    /// background, when one is set and fits it).
+    /// GET of the version the open saw (and the whole object is fetched
+    /// for the cache in the background, when one is set and fits it).
     pub(crate) fn get_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
         if let Some(cache) = super::cache::current() {
             if let Some(got) = cache.read(&self.key, range.clone()) {
@@ -246,9 +380,14 @@ impl Object {
             }
         }
         let (s, p) = (self.store.clone(), self.path.clone());
-        let r = range.clone();
-        let got = block_on(async move { s.get_range(&p, r).await })?.map_err(|e| {
-            remote_error(
+        let options = self
+            .version
+            .require(GetOptions::new().with_range(Some(range.clone())));
+        backoff_wait(&self.root);
+        let got = block_on(async move { s.get_opts(&p, options).await?.bytes().await })?;
+        backoff_note(&self.root, &got);
+        let got = got.map_err(|e| {
+            read_error(
                 &self.url,
                 &format!("cannot read bytes {}..{}", range.start, range.end),
                 e,
@@ -270,6 +409,53 @@ impl Object {
         Ok(got)
     }
 }
+
+/// A store's shared back-off: after a request failed for a reason that may
+/// pass (a 503 SlowDown, a timeout: the store's own retries spent), every
+/// ranged read of that store waits before it starts, 50 ms doubling to
+/// 5 s, until one succeeds. Each read backing off on its own would raise
+/// the rate just when the store asks for less.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    until: Option<std::time::Instant>,
+}
+
+fn backoffs() -> &'static Mutex<HashMap<String, Backoff>> {
+    static B: OnceLock<Mutex<HashMap<String, Backoff>>> = OnceLock::new();
+    B.get_or_init(Default::default)
+}
+
+/// Waits out the back-off of the store `root`, if it has one.
+fn backoff_wait(root: &str) {
+    let until = crate::lock(backoffs()).get(root).and_then(|b| b.until);
+    if let Some(wait) = until.and_then(|u| u.checked_duration_since(std::time::Instant::now())) {
+        std::thread::sleep(wait);
+    }
+}
+
+/// Notes how a request to the store `root` went.
+fn backoff_note<T>(root: &str, got: &std::result::Result<T, object_store::Error>) {
+    use object_store::Error as E;
+    let mut all = crate::lock(backoffs());
+    match got {
+        Ok(_) => {
+            all.remove(root);
+        }
+        // Answers about the object, not the store's load.
+        Err(E::NotFound { .. } | E::Precondition { .. } | E::NotModified { .. }) => {}
+        Err(E::PermissionDenied { .. } | E::Unauthenticated { .. }) => {}
+        Err(_) => {
+            let b = all.entry(root.to_string()).or_default();
+            b.failures = b.failures.saturating_add(1);
+            let wait = Duration::from_millis(50 << (b.failures - 1).min(7)).min(BACKOFF_MOST);
+            b.until = Some(std::time::Instant::now() + wait);
+        }
+    }
+}
+
+/// The longest a store's shared back-off makes a read wait.
+const BACKOFF_MOST: Duration = Duration::from_secs(5);
 
 /// A ranged read under way ([`Object::start_range`]).
 #[derive(Debug)]
@@ -306,10 +492,9 @@ impl Object {
 
     /// Fetches the whole object into the cache, on the I/O runtime.
     fn download(&self, cache: Arc<ObjectCache>, download: Download) {
-        let (store, path, len) = (self.store.clone(), self.path.clone(), self.len);
+        let me = self.clone();
         let fetch = async move {
-            let file = download.file.clone();
-            let got = fetch_whole(store, path, len, file, download.keep).await;
+            let got = me.fetch_whole(download.file.clone(), download.keep).await;
             // A failed download leaves the reads remote; they report errors.
             cache.downloaded(download, got.ok());
         };
@@ -318,72 +503,170 @@ impl Object {
             Err(_) => drop(fetch),
         }
     }
+
+    /// The whole object (the version the open saw), written to `file` (a
+    /// new file: never one another process writes) as it comes, and its
+    /// bytes when they are kept (`keep`). Bounded by progress, not time: a
+    /// body cut off or stalled after bytes came is asked for again from
+    /// where it stopped; a request that brings no byte fails, naming the
+    /// URL. The file is synced to disk before this returns.
+    async fn fetch_whole(&self, file: Option<std::path::PathBuf>, keep: bool) -> Result<Bytes> {
+        use std::io::Write;
+        let url = self.url.to_string();
+        let (store, path) = store_for(&url, Use::Whole)?;
+        let io = |dest: &std::path::Path| {
+            let dest = dest.to_path_buf();
+            move |source| Error::Io { path: dest, source }
+        };
+        // File work runs off the I/O threads, which every request shares.
+        let mut out = match &file {
+            Some(dest) => {
+                let d = dest.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    std::fs::File::options()
+                        .write(true)
+                        .create_new(true)
+                        .open(d)
+                })
+                .await
+                .map_err(|e| Error::InvalidConfig(format!("a file writer stopped: {e}")))?;
+                Some(opened.map_err(io(dest))?)
+            }
+            None => None,
+        };
+        let mut kept = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        let mut got = 0u64;
+        while got < self.len {
+            let before = got;
+            let options = self
+                .version
+                .require(GetOptions::new().with_range(Some(got..self.len)));
+            let attempt: std::result::Result<(), object_store::Error> = async {
+                let mut stream = store.get_opts(&path, options).await?.into_stream();
+                while let Some(chunk) = stream.try_next().await? {
+                    got += chunk.len() as u64;
+                    if got > self.len {
+                        return Err(object_store::Error::Generic {
+                            store: "wick",
+                            source: "the object grew while it was read".into(),
+                        });
+                    }
+                    if keep {
+                        kept.extend_from_slice(&chunk);
+                    }
+                    if out.is_some() {
+                        pending.extend_from_slice(&chunk);
+                        if pending.len() >= WRITE_AT {
+                            let (f, buf) = (out.take(), std::mem::take(&mut pending));
+                            let (f, buf, wrote) = write_off_thread(f, buf).await;
+                            (out, pending) = (f, buf);
+                            wrote.map_err(|e| object_store::Error::Generic {
+                                store: "wick",
+                                source: Box::new(e),
+                            })?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            match attempt {
+                Ok(()) if got < self.len => {
+                    return Err(Error::Remote {
+                        url,
+                        reason: format!("read {got} of {} bytes (the object changed?)", self.len),
+                        transient: false,
+                        source: "short body".into(),
+                    })
+                }
+                Ok(()) => {}
+                // Bytes came before it stopped: go on from there.
+                Err(e)
+                    if got > before && !matches!(e, object_store::Error::Precondition { .. }) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(read_error(&url, "cannot download the object", e)),
+            }
+        }
+        if let Some(f) = out {
+            let dest = file.clone().unwrap_or_default();
+            tokio::task::spawn_blocking(move || {
+                let mut f = f;
+                f.write_all(&pending)?;
+                f.sync_data()
+            })
+            .await
+            .map_err(|e| Error::InvalidConfig(format!("a file writer stopped: {e}")))?
+            .map_err(io(&dest))?;
+        }
+        Ok(kept.into())
+    }
 }
 
-/// The whole object, written to `file` as it comes; its bytes when they
-/// are kept (`keep`).
-async fn fetch_whole(
-    store: Arc<dyn ObjectStore>,
-    path: ObjectPath,
-    len: u64,
-    file: Option<std::path::PathBuf>,
-    keep: bool,
-) -> std::result::Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+/// Bytes gathered before a download writes them to its file.
+const WRITE_AT: usize = 4 << 20;
+
+/// Writes `buf` to `file` on a blocking thread, and gives both back
+/// (`buf` emptied).
+async fn write_off_thread(
+    file: Option<std::fs::File>,
+    buf: Vec<u8>,
+) -> (Option<std::fs::File>, Vec<u8>, std::io::Result<()>) {
     use std::io::Write;
-    let mut stream = store.get(&path).await?.into_stream();
-    let mut out = file.map(std::fs::File::create).transpose()?;
-    let mut kept = Vec::new();
-    let mut got = 0u64;
-    while let Some(chunk) = stream.try_next().await? {
-        got += chunk.len() as u64;
-        if got > len {
-            return Err("the object grew while it was read".into());
-        }
-        if let Some(out) = &mut out {
-            out.write_all(&chunk)?;
-        }
-        if keep {
-            kept.extend_from_slice(&chunk);
-        }
-    }
-    if got != len {
-        return Err(format!("read {got} of {len} bytes").into());
-    }
-    if let Some(out) = out {
-        out.sync_data()?;
-    }
-    Ok(kept.into())
+    let done = tokio::task::spawn_blocking(move || {
+        let mut file = file;
+        let mut buf = buf;
+        let wrote = match &mut file {
+            Some(f) => f.write_all(&buf),
+            None => Ok(()),
+        };
+        buf.clear();
+        (file, buf, wrote)
+    })
+    .await;
+    done.unwrap_or_else(|e| (None, Vec::new(), Err(std::io::Error::other(e.to_string()))))
 }
 
 /// The whole object `url` in one GET (or from the local cache), refused
 /// before its body is read when the response says it is over `max` bytes:
-/// `Err(size)` then.
+/// `Err(size)` then. When a listing just named the object, it is cached
+/// (and read) as the version the listing saw.
 pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes, u64>> {
     let cache = super::cache::current();
-    if let Some(got) = cache.as_ref().and_then(|c| c.whole(url)) {
+    let seen = crate::lock(listed()).get(url).cloned();
+    let key = seen
+        .as_ref()
+        .map_or_else(|| url.to_string(), |(size, v)| v.key(url, *size));
+    if let Some(got) = cache.as_ref().and_then(|c| c.whole(&key)) {
         if got.len() as u64 <= max {
             return Ok(Ok(got));
         }
     }
     let (store, path) = store(url)?;
+    let options = seen.map_or_else(GetOptions::new, |(_, v)| v.require(GetOptions::new()));
     let got = block_on(async move {
-        let got = store.get(&path).await?;
+        let got = store.get_opts(&path, options).await?;
         if got.meta.size > max {
             return Ok(Err(got.meta.size));
         }
         got.bytes().await.map(Ok)
     })?
-    .map_err(|e| remote_error(url, "cannot read the object", e))?;
+    .map_err(|e| read_error(url, "cannot read the object", e))?;
     if let (Some(cache), Ok(bytes)) = (&cache, &got) {
-        cache.store(url, bytes);
+        cache.store(&key, bytes);
     }
     Ok(got)
 }
 
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
-/// sorted. HTTP servers list nothing (object_store reads WebDAV listings
-/// only): an error that says to name the objects.
-pub(crate) fn list(url: &str) -> Result<Vec<String>> {
+/// sorted: every object under it (`deep`), or only those directly in it,
+/// as a local folder's files are (`s3://b/train` then lists neither
+/// `train/val/x` nor `train-old/x`). HTTP servers list nothing
+/// (object_store reads WebDAV listings only): an error that says to name
+/// the objects.
+pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<String>> {
     let (root, scheme, _) = split(url)?;
     if scheme == "http" || scheme == "https" {
         return Err(Error::InvalidConfig(format!(
@@ -393,9 +676,14 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     }
     let (store, prefix) = store(url)?;
     let p = prefix.clone();
-    let metas: Vec<object_store::ObjectMeta> =
-        block_on(async move { store.list(Some(&p)).try_collect().await })?
-            .map_err(|e| remote_error(url, "cannot list the objects", e))?;
+    let metas: Vec<object_store::ObjectMeta> = block_on(async move {
+        if deep {
+            store.list(Some(&p)).try_collect().await
+        } else {
+            store.list_with_delimiter(Some(&p)).await.map(|l| l.objects)
+        }
+    })?
+    .map_err(|e| remote_error(url, "cannot list the objects", e))?;
     let mut urls: Vec<String> = Vec::with_capacity(metas.len());
     let mut seen = crate::lock(listed());
     // Kept for the opens that follow a listing of shards; a huge listing
@@ -408,7 +696,7 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
         };
         // What the listing says stands in for a HEAD at the open that follows.
         if keep {
-            seen.insert(url.clone(), (m.size, m.e_tag));
+            seen.insert(url.clone(), (m.size, Version::of(&m)));
         }
         urls.push(url);
     }
@@ -416,13 +704,20 @@ pub(crate) fn list(url: &str) -> Result<Vec<String>> {
     Ok(urls)
 }
 
-/// An object's size and entity tag, by URL.
-type Metas = HashMap<String, (u64, Option<String>)>;
+/// An object's size and version, by URL.
+type Metas = HashMap<String, (u64, Version)>;
 
-/// Sizes and entity tags from listings, by URL, until an open takes them.
+/// Sizes and versions from listings, by URL, until an open takes them.
 fn listed() -> &'static Mutex<Metas> {
     static LISTED: OnceLock<Mutex<Metas>> = OnceLock::new();
     LISTED.get_or_init(Default::default)
+}
+
+/// Deletes the object `url`.
+pub(crate) fn delete(url: &str) -> Result<()> {
+    let (store, path) = store(url)?;
+    block_on(async move { store.delete(&path).await })?
+        .map_err(|e| remote_error(url, "cannot delete the object", e))
 }
 
 /// Bytes over which an upload goes in parts (S3 multipart and the like).
@@ -434,7 +729,12 @@ pub(crate) fn upload(local: &std::path::Path, url: &str) -> Result<()> {
     upload_in(local, url, (ONE_PUT, 16 << 20))
 }
 
-/// [`upload`] with the one-PUT limit and the part size given.
+/// File work of an upload, run off the I/O threads: bytes read, and the
+/// file to read on from.
+type FileJob = Box<dyn FnOnce() -> std::io::Result<(Vec<u8>, Option<std::fs::File>)> + Send>;
+
+/// [`upload`] with the one-PUT limit and the part size given. A failed
+/// multipart upload is aborted, so no parts are left behind (and billed).
 fn upload_in(local: &std::path::Path, url: &str, (one_put, part): (u64, usize)) -> Result<()> {
     let (store, path) = store(url)?;
     let (local, owned_url) = (local.to_path_buf(), url.to_string());
@@ -444,62 +744,82 @@ fn upload_in(local: &std::path::Path, url: &str, (one_put, part): (u64, usize)) 
             source,
         };
         let failed = |e| remote_error(&owned_url, "cannot write the object", e);
+        // File reads run off the I/O threads, which every request shares.
+        let blocking = |f: FileJob| async move {
+            tokio::task::spawn_blocking(f)
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+        };
         let len = std::fs::metadata(&local).map_err(io)?.len();
         if len <= one_put {
-            let bytes = std::fs::read(&local).map_err(io)?;
+            let l = local.clone();
+            let (bytes, _) = blocking(Box::new(move || Ok((std::fs::read(l)?, None))))
+                .await
+                .map_err(io)?;
             store.put(&path, bytes.into()).await.map_err(failed)?;
             return Ok(());
         }
         let parts = store.put_multipart(&path).await.map_err(failed)?;
         let mut w = WriteMultipart::new_with_chunk_size(parts, part);
-        let mut file = std::fs::File::open(&local).map_err(io)?;
-        let mut buf = vec![0; part.div_ceil(2)];
-        loop {
-            let n = std::io::Read::read(&mut file, &mut buf).map_err(io)?;
-            if n == 0 {
-                break;
+        let mut file = Some(std::fs::File::open(&local).map_err(io)?);
+        let size = part.div_ceil(2);
+        let written: Result<()> = async {
+            loop {
+                let mut f = file.take();
+                let (buf, f) = blocking(Box::new(move || {
+                    let mut buf = vec![0; size];
+                    let n = match &mut f {
+                        Some(f) => std::io::Read::read(f, &mut buf)?,
+                        None => 0,
+                    };
+                    buf.truncate(n);
+                    Ok((buf, f))
+                }))
+                .await
+                .map_err(io)?;
+                file = f;
+                if buf.is_empty() {
+                    return Ok(());
+                }
+                w.wait_for_capacity(4).await.map_err(failed)?;
+                w.write(&buf);
             }
-            w.wait_for_capacity(4).await.map_err(failed)?;
-            w.write(&buf[..n]);
         }
-        w.finish().await.map_err(failed)?;
-        Ok(())
+        .await;
+        match written {
+            Ok(()) => w.finish().await.map_err(failed).map(drop),
+            Err(e) => {
+                let _ = w.abort().await;
+                Err(e)
+            }
+        }
     })?
 }
 
-/// A local file holding the object `url` whole, to map or read as a local
-/// file: the remote cache's file when it has a directory (fetched into it
-/// when missing), else a new temporary file (`true`: the caller deletes
-/// it).
-pub(crate) fn local_copy(url: &str) -> Result<(std::path::PathBuf, bool)> {
+/// The object `url` whole as an open local file, to map or read as a
+/// local file: the remote cache's file when it has a directory (fetched
+/// into it when missing or deleted by another process), else a temporary
+/// file, deleted once open.
+pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
     let o = Object::open(url)?;
     let fetch = |dest: &std::path::Path| -> Result<()> {
-        let (store, path, dest) = (o.store.clone(), o.path.clone(), dest.to_path_buf());
-        block_on(fetch_whole(store, path, o.len, Some(dest), false))?
-            .map(drop)
-            .map_err(|source| Error::Remote {
-                url: url.to_string(),
-                reason: "cannot download the object".into(),
-                transient: true,
-                source,
-            })
+        let (me, dest) = (o.clone(), dest.to_path_buf());
+        block_on(async move { me.fetch_whole(Some(dest), false).await.map(drop) })?
     };
     if let Some(cache) = super::cache::current() {
         if let Some(file) = cache.file(&o.key, o.len, fetch) {
-            return file.map(|f| (f, false));
+            return file;
         }
     }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let tmp = std::env::temp_dir().join(format!("wick-object-{}-{nanos}", std::process::id()));
-    match fetch(&tmp) {
-        Ok(()) => Ok((tmp, true)),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    let tmp = std::env::temp_dir().join(format!("wick-object-{:016x}", rand::random::<u64>()));
+    let opened = fetch(&tmp).and_then(|()| {
+        std::fs::File::open(&tmp).map_err(|source| Error::Io {
+            path: tmp.clone(),
+            source,
+        })
+    });
+    let _ = std::fs::remove_file(&tmp);
+    opened
 }
 
 #[cfg(test)]

@@ -52,7 +52,11 @@ pub(crate) fn get_whole(url: &str, _max: u64) -> Result<std::result::Result<Vec<
     Err(missing(url))
 }
 
-pub(crate) fn list(url: &str) -> Result<Vec<String>> {
+pub(crate) fn list(url: &str, _deep: bool) -> Result<Vec<String>> {
+    Err(missing(url))
+}
+
+pub(crate) fn delete(url: &str) -> Result<()> {
     Err(missing(url))
 }
 
@@ -60,6 +64,6 @@ pub(crate) fn upload(_local: &std::path::Path, url: &str) -> Result<()> {
     Err(missing(url))
 }
 
-pub(crate) fn local_copy(url: &str) -> Result<(std::path::PathBuf, bool)> {
+pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
     Err(missing(url))
 }

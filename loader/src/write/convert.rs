@@ -63,6 +63,11 @@ pub struct ConvertOptions {
     /// Class names, written as a Parquet conversion's `ClassLabel`.
     /// Default `None`: plain integer labels.
     pub classes: Option<Vec<String>>,
+    /// Replace the shards of an earlier conversion in the destination
+    /// (deleted first). Default `false`: a destination holding shard
+    /// files is an error naming them, since shards left from a larger
+    /// conversion would join the new dataset.
+    pub overwrite: bool,
 }
 
 impl Default for ConvertOptions {
@@ -76,6 +81,7 @@ impl Default for ConvertOptions {
             threads: 0,
             split: "train".into(),
             classes: None,
+            overwrite: false,
         }
     }
 }
@@ -90,8 +96,13 @@ struct Prepared {
 /// Writes `source` as shards in `dst` (created if missing) and returns
 /// their paths. Records keep the source's order. `dst` may be a URL
 /// (`s3://bucket/train/`, `gs://..`, `az://..`, `file://..`): each shard
-/// is written to a temporary local folder, uploaded, and deleted there. `progress` is called with
-/// the number of records written so far.
+/// is written to a temporary local folder, uploaded, and deleted there.
+/// `progress` is called with the number of records written so far.
+///
+/// A destination that holds shard files already is an error unless
+/// [`ConvertOptions::overwrite`] (then they are deleted first). A
+/// conversion that fails deletes the shards it wrote (and aborts an
+/// upload in parts), so no smaller dataset is left looking complete.
 pub fn convert(
     source: &dyn Source,
     dst: &Path,
@@ -115,12 +126,24 @@ pub fn convert(
     } else {
         dst.to_path_buf()
     };
+    clear_destination(dst, opts.overwrite)?;
     std::fs::create_dir_all(&local).map_err(|source| Error::Io {
         path: local.clone(),
         source,
     })?;
+    let mut written: Vec<PathBuf> = Vec::new();
     if !remote {
-        return convert_into(source, &local, opts, progress, &mut |p| Ok(p.to_path_buf()));
+        let done = convert_into(source, &local, opts, progress, &mut |p| {
+            written.push(p.to_path_buf());
+            Ok(p.to_path_buf())
+        });
+        if done.is_err() {
+            for p in &written {
+                let _ = std::fs::remove_file(p);
+                let _ = std::fs::remove_file(crate::source::tfrecord::index_path(p));
+            }
+        }
+        return done;
     }
     let base = crate::storage::url_of(dst)
         .trim_end_matches('/')
@@ -136,7 +159,9 @@ pub fn convert(
         };
         for file in [shard, &idx] {
             if file.exists() {
-                crate::storage::upload(file, Path::new(&format!("{base}/{}", name(file))))?;
+                let url = PathBuf::from(format!("{base}/{}", name(file)));
+                crate::storage::upload(file, &url)?;
+                written.push(url);
                 let _ = std::fs::remove_file(file);
             }
         }
@@ -144,7 +169,75 @@ pub fn convert(
     };
     let uploaded = convert_into(source, &local, opts, progress, &mut up);
     let _ = std::fs::remove_dir_all(&local);
+    if uploaded.is_err() {
+        for url in &written {
+            let _ = crate::storage::delete(url);
+        }
+    }
     uploaded
+}
+
+/// Suffixes of the files a conversion writes.
+const SHARD_FILES: &[&str] = &[".tfrecord", ".idx", ".tar", ".safetensors", ".parquet"];
+
+/// Refuses a destination that holds shard files (directly, or in its
+/// `data/` folder as a Parquet conversion writes them), or deletes them
+/// when `overwrite`.
+fn clear_destination(dst: &Path, overwrite: bool) -> Result<()> {
+    let is_shard = |name: &str| SHARD_FILES.iter().any(|s| name.ends_with(s));
+    let mut found: Vec<PathBuf> = Vec::new();
+    if crate::storage::is_url(dst) {
+        let base = crate::storage::url_of(dst).trim_end_matches('/');
+        let under = crate::storage::list_all(base).unwrap_or_default();
+        for url in under {
+            let rel = url
+                .strip_prefix(base)
+                .unwrap_or(&url)
+                .trim_start_matches('/');
+            let top =
+                !rel.contains('/') || rel.strip_prefix("data/").is_some_and(|r| !r.contains('/'));
+            if top && is_shard(rel) {
+                found.push(PathBuf::from(url));
+            }
+        }
+    } else {
+        for dir in [dst.to_path_buf(), dst.join("data")] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let p = entry.path();
+                if p.is_file() && is_shard(&entry.file_name().to_string_lossy()) {
+                    found.push(p);
+                }
+            }
+        }
+    }
+    found.sort();
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(Error::Dataset {
+            path: dst.to_path_buf(),
+            reason: format!(
+                "holds {} shard file(s) already (first {:?}): they would join the new \
+                 dataset; convert into an empty destination, or overwrite (--overwrite) to \
+                 delete them first",
+                found.len(),
+                crate::error::redact(&found[0].to_string_lossy())
+            ),
+            source: None,
+        });
+    }
+    for p in &found {
+        if crate::storage::is_url(p) {
+            crate::storage::delete(p)?;
+        } else {
+            std::fs::remove_file(p).map_err(|source| Error::Io {
+                path: p.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// [`convert`] into the local folder `dst`; `placed` is given each shard

@@ -45,6 +45,10 @@ pub(crate) struct ConvertArgs {
     /// The split a Parquet conversion writes: `data/{split}-NNNNN-of-NNNNN.parquet`.
     #[arg(long, default_value = "train")]
     pub(crate) split: String,
+    /// Delete the shards of an earlier conversion in the destination
+    /// first (without it, a destination holding shards is an error).
+    #[arg(long)]
+    pub(crate) overwrite: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -96,6 +100,7 @@ pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Err
         threads: a.threads,
         split: a.split.clone(),
         classes,
+        overwrite: a.overwrite,
     };
     let bar = indicatif::ProgressBar::new(source.len() as u64).with_style(
         indicatif::ProgressStyle::with_template(

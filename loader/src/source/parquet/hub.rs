@@ -277,11 +277,17 @@ pub fn cached_snapshot(cache: &Path, repo: &str, revision: &str) -> Result<PathB
         });
     }
     let reference = folder.join("refs").join(revision);
+    let is_commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
     let commit = match std::fs::read_to_string(&reference) {
         Ok(c) => c.trim().to_string(),
-        Err(_) if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            revision.to_string()
-        }
+        Err(_) if is_commit => revision.to_string(),
+        // `datasets` and `huggingface_hub` download by commit and write no
+        // ref when asked for one: the default revision is then the newest
+        // snapshot (the only one, mostly).
+        Err(e) if revision == "main" => newest_snapshot(&folder).ok_or(Error::Io {
+            path: reference,
+            source: e,
+        })?,
         Err(e) => {
             return Err(Error::Io {
                 path: reference,
@@ -298,6 +304,21 @@ pub fn cached_snapshot(cache: &Path, repo: &str, revision: &str) -> Result<PathB
         });
     }
     Ok(snapshot)
+}
+
+/// The commit of the most recently written snapshot of a cached dataset
+/// (`folder`: `datasets--org--name`), if it has any.
+fn newest_snapshot(folder: &Path) -> Option<String> {
+    std::fs::read_dir(folder.join("snapshots"))
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let modified = e.metadata().and_then(|m| m.modified()).ok()?;
+            Some((modified, e.file_name().to_string_lossy().into_owned()))
+        })
+        .max()
+        .map(|(_, name)| name)
 }
 
 impl Parquet {

@@ -18,6 +18,10 @@ use std::sync::{Arc, Mutex};
 /// Ranges closer than this are fetched as one request.
 const COALESCE: u64 = 1 << 20;
 
+/// Bytes a read from an offset (a footer's parse, a page header outside
+/// the chunks fetched) gets at most: what a footer or header can need.
+const OUTSIDE_READ: u64 = 64 << 20;
+
 /// What a dataset's files read: bytes, and (when asked, for tests) the
 /// ranges.
 #[derive(Debug, Default)]
@@ -135,9 +139,11 @@ impl ChunkReader for ParquetFile {
     type T = std::io::Cursor<Bytes>;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        // Only the footer is read through here (the decoder reads from
-        // `Chunks`): from `start` to the end.
-        let bytes = self.read(start..self.len).map_err(to_parquet)?;
+        // The footer is read through here (the decoder reads from
+        // `Chunks`), and a page header a chunk's size in the footer left
+        // out: a bounded window, never the rest of a remote file.
+        let end = self.len.min(start.saturating_add(OUTSIDE_READ));
+        let bytes = self.read(start.min(end)..end).map_err(to_parquet)?;
         Ok(std::io::Cursor::new(bytes))
     }
 
@@ -204,10 +210,14 @@ struct Slot {
     batch: Mutex<Option<Arc<RecordBatch>>>,
 }
 
-/// Decoded row groups, the most recently used kept, at most `capacity`.
+/// Decoded row groups, the most recently used kept: at most `capacity`
+/// of them and `max_bytes` of memory, counting the groups being decoded
+/// (at the size their footer gives, until they are done). A group over
+/// the limit on its own is refused before it is fetched.
 #[derive(Debug)]
 pub(super) struct RowGroupCache {
     capacity: usize,
+    max_bytes: u64,
     state: Mutex<CacheState>,
 }
 
@@ -216,16 +226,36 @@ struct CacheState {
     slots: HashMap<Key, Arc<Slot>>,
     /// Least recently used first.
     order: VecDeque<Key>,
-    /// Decoded bytes of the row groups held.
+    /// Bytes of each row group held (decoded) or being decoded (its
+    /// footer's estimate).
     bytes: HashMap<Key, u64>,
+    total: u64,
+}
+
+impl CacheState {
+    fn forget(&mut self, key: &Key) {
+        self.slots.remove(key);
+        if let Some(b) = self.bytes.remove(key) {
+            self.total -= b;
+        }
+        if let Some(i) = self.order.iter().position(|k| k == key) {
+            self.order.remove(i);
+        }
+    }
 }
 
 impl RowGroupCache {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize, max_bytes: u64) -> Self {
         Self {
             capacity: capacity.max(1),
+            max_bytes,
             state: Mutex::default(),
         }
+    }
+
+    /// The limit in bytes.
+    pub(super) fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// Whether row group `key` is held or being decoded.
@@ -233,16 +263,24 @@ impl RowGroupCache {
         crate::lock(&self.state).slots.contains_key(&key)
     }
 
-    /// Bytes of the decoded row groups held.
+    /// Whether `bytes` more would fit beside what is held and being
+    /// decoded (for read-ahead, which does not evict to make room).
+    pub(super) fn has_room(&self, bytes: u64) -> bool {
+        crate::lock(&self.state).total + bytes <= self.max_bytes
+    }
+
+    /// Bytes of the decoded row groups held and being decoded.
     pub(super) fn memory(&self) -> u64 {
-        crate::lock(&self.state).bytes.values().sum()
+        crate::lock(&self.state).total
     }
 
     /// Row group `key`, decoded by `decode` unless held (or being decoded
-    /// by another thread, which this one waits for).
+    /// by another thread, which this one waits for); `estimate` is its
+    /// decoded size as its footer gives it, counted until it is decoded.
     pub(super) fn get(
         &self,
         key: Key,
+        estimate: u64,
         decode: impl FnOnce() -> Result<RecordBatch>,
     ) -> Result<Arc<RecordBatch>> {
         let slot = {
@@ -252,10 +290,13 @@ impl RowGroupCache {
             }
             s.order.push_back(key);
             let slot = s.slots.entry(key).or_default().clone();
-            while s.order.len() > self.capacity {
-                let old = s.order.pop_front().expect("over capacity");
-                s.slots.remove(&old);
-                s.bytes.remove(&old);
+            if let std::collections::hash_map::Entry::Vacant(e) = s.bytes.entry(key) {
+                e.insert(estimate);
+                s.total += estimate;
+            }
+            while s.order.len() > 1 && (s.order.len() > self.capacity || s.total > self.max_bytes) {
+                let old = s.order.pop_front().expect("more than one");
+                s.forget(&old);
             }
             slot
         };
@@ -263,12 +304,24 @@ impl RowGroupCache {
         if let Some(b) = &*held {
             return Ok(b.clone());
         }
-        let batch = Arc::new(decode()?);
+        let decoded = decode();
+        let mut s = crate::lock(&self.state);
+        let mine = s.slots.get(&key).is_some_and(|k| Arc::ptr_eq(k, &slot));
+        let batch = match decoded {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                if mine {
+                    s.forget(&key);
+                }
+                return Err(e);
+            }
+        };
         *held = Some(batch.clone());
         drop(held);
-        let mut s = crate::lock(&self.state);
-        if s.slots.get(&key).is_some_and(|k| Arc::ptr_eq(k, &slot)) {
-            s.bytes.insert(key, batch.get_array_memory_size() as u64);
+        if mine {
+            let size = batch.get_array_memory_size() as u64;
+            let old = s.bytes.insert(key, size).unwrap_or(0);
+            s.total = s.total - old + size;
         }
         Ok(batch)
     }

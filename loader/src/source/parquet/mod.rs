@@ -87,8 +87,9 @@ pub struct ParquetOptions {
     /// (records carry only parts).
     pub image_column: Option<String>,
     /// The class column: integers, or strings mapped through the
-    /// `ClassLabel` names. Default `label`; `None`, or a file without the
-    /// column: every label 0.
+    /// `ClassLabel` names. Default `label`; a file without the column named
+    /// is an error that lists its columns (name another, such as
+    /// `labels` or `fine_label`); `None`: unlabelled, every label 0.
     pub label_column: Option<String>,
     /// Row groups whose rows are shuffled together. Default 16.
     pub shuffle_window: usize,
@@ -96,6 +97,12 @@ pub struct ParquetOptions {
     /// three for files in a store (the window read, the one before whose
     /// last rows are still being read, and the next one read ahead).
     pub cached_row_groups: usize,
+    /// Bytes of decoded row groups kept in memory at most, those being
+    /// decoded (read ahead) counted at the size their footer gives; a row
+    /// group larger on its own is an error naming it (write smaller row
+    /// groups, or raise this). Default 0: a quarter of the default RAM
+    /// budget (so a sixteenth of the memory available at open).
+    pub cache_bytes: u64,
     /// Rows kept. Default: all.
     pub filter: Option<RowFilter>,
 }
@@ -107,6 +114,7 @@ impl Default for ParquetOptions {
             label_column: Some("label".into()),
             shuffle_window: 16,
             cached_row_groups: 0,
+            cache_bytes: 0,
             filter: None,
         }
     }
@@ -159,6 +167,18 @@ struct Inner {
     remote: bool,
     /// The row groups in the order of the last epoch order given out.
     plan: Mutex<Plan>,
+    /// Row groups queued to be read ahead, and the threads reading them.
+    ahead: Mutex<Ahead>,
+}
+
+/// Threads reading row groups ahead, at most.
+const AHEAD_THREADS: usize = 8;
+
+/// Row groups to read ahead: `(group, projection id, columns)`.
+#[derive(Debug, Default)]
+struct Ahead {
+    jobs: std::collections::VecDeque<(usize, u64, Vec<String>)>,
+    threads: usize,
 }
 
 /// Row groups in the order an epoch reads them.
@@ -172,6 +192,8 @@ struct Plan {
     /// The next epoch (seed, epoch), whose first window is read ahead
     /// once this epoch's last window is read (then `None`).
     following: Option<(Option<u64>, u64)>,
+    /// The epoch (seed, epoch) it is the order of.
+    epoch: Option<(Option<u64>, u64)>,
 }
 
 impl Plan {
@@ -185,6 +207,7 @@ impl Plan {
             position,
             started: 0,
             following,
+            epoch: None,
         }
     }
 }
@@ -225,10 +248,19 @@ impl Parquet {
                 ));
             }
         }
-        for column in [&opts.image_column].into_iter().flatten() {
+        for column in [&opts.image_column, &opts.label_column]
+            .into_iter()
+            .flatten()
+        {
             if first.field_with_name(column).is_err() {
+                let which = if Some(column) == opts.label_column.as_ref() {
+                    " (name the class column in ParquetOptions::label_column, or None for \
+                     unlabelled data)"
+                } else {
+                    ""
+                };
                 return Err(files[0].file.error(
-                    &format!("has no column {column:?}"),
+                    &format!("has no column {column:?}{which}"),
                     std::io::Error::other(format!("its columns: {:?}", column_names(&first))),
                 ));
             }
@@ -236,6 +268,7 @@ impl Parquet {
         let classes = files[0].classes(opts.label_column.as_deref());
         let mut groups = Vec::new();
         for (f, fm) in files.iter().enumerate() {
+            fm.check_counts()?;
             for rg in 0..fm.meta.metadata().num_row_groups() {
                 let rows = fm.meta.metadata().row_group(rg).num_rows() as usize;
                 let kept = match &opts.filter {
@@ -253,9 +286,12 @@ impl Parquet {
                 }
             }
         }
-        let mut starts = vec![0];
+        let mut starts = vec![0usize];
         for g in &groups {
-            starts.push(starts.last().copied().unwrap_or(0) + g.count);
+            let total = starts.last().copied().unwrap_or(0).checked_add(g.count);
+            starts.push(total.ok_or_else(|| {
+                Error::InvalidConfig("the Parquet files hold more rows than can be counted".into())
+            })?);
         }
         let remote = crate::storage::is_url(&files[0].file.path);
         let capacity = match opts.cached_row_groups {
@@ -263,13 +299,18 @@ impl Parquet {
             0 => 2 * opts.shuffle_window,
             n => n,
         };
+        let cache_bytes = match opts.cache_bytes {
+            0 => crate::tune::default_budget() / 4,
+            n => n,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 plan: Mutex::new(Plan::new((0..groups.len()).collect(), None)),
+                ahead: Mutex::default(),
                 files,
                 groups,
                 starts,
-                cache: RowGroupCache::new(capacity),
+                cache: RowGroupCache::new(capacity, cache_bytes),
                 remote,
                 opts,
                 classes,
@@ -372,12 +413,28 @@ impl Parquet {
     fn cached(&self, g: usize, id: u64, cols: &[String]) -> Result<Arc<RecordBatch>> {
         let group = &self.inner.groups[g];
         let key = (group.file, group.row_group, id);
-        self.inner.cache.get(key, || {
-            self.inner.files[group.file].decode(
+        let file = &self.inner.files[group.file];
+        let image = self.inner.opts.image_column.as_deref();
+        let estimate = file.decoded_size(group.row_group, cols, image);
+        let limit = self.inner.cache.max_bytes();
+        if estimate > limit {
+            return Err(file.file.error(
+                &format!(
+                    "row group {} decodes to {estimate} bytes (its footer says), over the \
+                     row-group cache's {limit}: write smaller row groups or raise \
+                     ParquetOptions::cache_bytes",
+                    group.row_group
+                ),
+                std::io::Error::other("row group too large"),
+            ));
+        }
+        self.inner.cache.get(key, estimate, || {
+            file.decode(
                 group.row_group,
                 cols,
-                self.inner.opts.image_column.as_deref(),
+                image,
                 group.rows.as_deref(),
+                group.count,
             )
         })
     }
@@ -392,15 +449,17 @@ impl Parquet {
         groups
     }
 
-    /// From a store: reading group `g` starts fetching and decoding, each
-    /// on a thread of its own, the groups after it in the epoch's order
-    /// through the end of the next shuffle window, so a window's groups
-    /// are ready when its rows are read instead of all fetched at its
-    /// start; reading the epoch's last window starts the next epoch's
+    /// From a store: reading group `g` starts fetching and decoding (on at
+    /// most [`AHEAD_THREADS`] threads) the groups after it in the epoch's
+    /// order through the end of the next shuffle window, so a window's
+    /// groups are ready when its rows are read instead of all fetched at
+    /// its start; reading the epoch's last window starts the next epoch's
     /// first (its order is a function of the seed), so an epoch does not
-    /// open on a wait for a whole window. The cache (three windows) holds
-    /// the window read and those ahead. An error is left for the read
-    /// that needs the group (it fetches again and reports it).
+    /// open on a wait for a whole window. A read from the middle of an
+    /// epoch (a resume) starts at its own window: nothing before it is
+    /// fetched. Groups that would not fit the cache's bytes beside those
+    /// held are left for their read. An error is left for the read that
+    /// needs the group (it fetches again and reports it).
     fn read_ahead(&self, g: usize, id: u64, cols: &[String]) {
         let window = self.inner.opts.shuffle_window.max(1);
         let mut plan = crate::lock(&self.inner.plan);
@@ -410,10 +469,10 @@ impl Parquet {
         let len = plan.groups.len();
         let until = ((at / window + 2) * window).min(len);
         let mut next = Vec::new();
-        if until > plan.started {
+        let from = plan.started.max(at / window * window);
+        if until > from {
             // The rest of this window (read in shuffled order) and the next.
-            let started = plan.started;
-            next.extend(plan.groups[started..until].iter().filter(|&&n| n != g));
+            next.extend(plan.groups[from..until].iter().filter(|&&n| n != g));
             plan.started = until;
         }
         if at / window == (len - 1) / window {
@@ -423,16 +482,47 @@ impl Parquet {
             }
         }
         drop(plan);
+        let image = self.inner.opts.image_column.as_deref();
+        let mut queue = crate::lock(&self.inner.ahead);
         for n in next {
             let group = &self.inner.groups[n];
             if self.inner.cache.contains((group.file, group.row_group, id)) {
                 continue;
             }
+            let estimate = self.inner.files[group.file].decoded_size(group.row_group, cols, image);
+            if !self.inner.cache.has_room(estimate) {
+                break;
+            }
+            queue.jobs.push_back((n, id, cols.to_vec()));
+        }
+        while queue.threads < AHEAD_THREADS && !queue.jobs.is_empty() {
             let me = self.clone();
-            let cols = cols.to_vec();
-            let _ = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("wick-parquet-ahead".into())
-                .spawn(move || drop(me.cached(n, id, &cols)));
+                .spawn(move || me.fetch_ahead());
+            if spawned.is_err() {
+                break;
+            }
+            queue.threads += 1;
+        }
+    }
+
+    /// A read-ahead thread: fetches and decodes the queued groups until
+    /// none is left.
+    fn fetch_ahead(&self) {
+        loop {
+            let job = {
+                let mut queue = crate::lock(&self.inner.ahead);
+                match queue.jobs.pop_front() {
+                    Some(job) => job,
+                    None => {
+                        queue.threads -= 1;
+                        return;
+                    }
+                }
+            };
+            let (n, id, cols) = job;
+            drop(self.cached(n, id, &cols));
         }
     }
 
@@ -466,6 +556,7 @@ impl Parquet {
                 .ok_or_else(|| bad(format!("no column {c:?}")))?;
             let b = image_bytes(array.as_ref(), at)
                 .map_err(|why| bad(format!("column {c:?}: {why}")))?;
+            check_value_size(b.len()).map_err(|why| bad(format!("column {c:?}: {why}")))?;
             bytes.extend_from_slice(b);
         }
         let label = match self.inner.opts.label_column.as_deref() {
@@ -480,8 +571,16 @@ impl Parquet {
         let mut record = Record::encoded(key.clone(), bytes, label);
         for name in &cols {
             if parts.wants(name) {
-                let array = batch.column_by_name(name).expect("projected");
+                let array = batch.column_by_name(name).ok_or_else(|| {
+                    bad(format!(
+                        "column {name:?} is missing from the decoded row group"
+                    ))
+                })?;
                 let v = value(array, at).map_err(|why| bad(format!("column {name:?}: {why}")))?;
+                if let Value::Bytes(b) = &v {
+                    check_value_size(b.len())
+                        .map_err(|why| bad(format!("column {name:?}: {why}")))?;
+                }
                 record = record.with_part(name.clone(), v);
             }
         }
@@ -569,7 +668,7 @@ impl FileMeta {
                 }
             }
         }
-        let batch = self.decode(rg, &[column.to_string()], None, None)?;
+        let batch = self.decode(rg, &[column.to_string()], None, None, rows)?;
         let array = batch.column(0);
         let keep = |i: usize| -> bool {
             if array.is_null(i) {
@@ -624,14 +723,79 @@ impl FileMeta {
         (mask, ranges)
     }
 
+    /// The decoded size of row group `rg`'s columns `cols`, as its footer
+    /// gives it (uncompressed bytes).
+    fn decoded_size(&self, rg: usize, cols: &[String], image: Option<&str>) -> u64 {
+        let (mask, _) = self.chunk_ranges(rg, cols, image);
+        self.meta
+            .metadata()
+            .row_group(rg)
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask.leaf_included(*i))
+            .map(|(_, c)| c.uncompressed_size().max(0) as u64)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Refuses a footer whose counts cannot be true: a negative count,
+    /// row groups that do not add up to the file's rows, column chunks
+    /// outside the file, or more rows than its bytes can hold (a row
+    /// takes at least a bit of some column: 8 rows a byte of its
+    /// compressed column chunks, and 4,096 rows for any row group).
+    fn check_counts(&self) -> Result<()> {
+        let meta = self.meta.metadata();
+        let lie = |why: String| {
+            self.file.error(
+                "has a footer that cannot be true",
+                std::io::Error::other(why),
+            )
+        };
+        let mut sum = 0i64;
+        for (rg, g) in meta.row_groups().iter().enumerate() {
+            let rows = g.num_rows();
+            let mut compressed = 0u64;
+            for c in g.columns() {
+                let (start, len) = c.byte_range();
+                if start
+                    .checked_add(len)
+                    .is_none_or(|end| end > self.file.size())
+                {
+                    return Err(lie(format!(
+                        "row group {rg}: a column chunk at {start}+{len} bytes ends past the \
+                         file's {} bytes",
+                        self.file.size()
+                    )));
+                }
+                compressed += len;
+            }
+            let most = compressed.saturating_mul(8).saturating_add(4096);
+            if rows < 0 || rows as u64 > most {
+                return Err(lie(format!(
+                    "row group {rg} claims {rows} rows in {compressed} bytes of column chunks"
+                )));
+            }
+            sum = sum.saturating_add(rows);
+        }
+        let total = meta.file_metadata().num_rows();
+        if total != sum {
+            return Err(lie(format!(
+                "the file claims {total} rows, its row groups {sum}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Row group `rg` decoded with the columns `cols` (the rows `rows` of
-    /// it when filtered).
+    /// it when filtered): `expected` rows, else an error (a footer that
+    /// lied about its rows).
     fn decode(
         &self,
         rg: usize,
         cols: &[String],
         image: Option<&str>,
         rows: Option<&[u32]>,
+        expected: usize,
     ) -> Result<RecordBatch> {
         let (mask, ranges) = self.chunk_ranges(rg, cols, image);
         let chunks = self.file.fetch(ranges)?;
@@ -652,7 +816,7 @@ impl FileMeta {
             .map_err(|e| self.file.error(&what, e))?;
         // One batch: the batch size is the row group's rows.
         let n = batches.len();
-        batches
+        let batch = batches
             .into_iter()
             .next()
             .filter(|_| n == 1)
@@ -661,8 +825,31 @@ impl FileMeta {
                     &what,
                     std::io::Error::other(format!("{n} batches, not one")),
                 )
-            })
+            })?;
+        if batch.num_rows() != expected {
+            return Err(self.file.error(
+                &what,
+                std::io::Error::other(format!(
+                    "{} rows decoded, its footer claims {expected}",
+                    batch.num_rows()
+                )),
+            ));
+        }
+        Ok(batch)
     }
+}
+
+/// A value over the per-record limit every format has
+/// ([`MAX_FILE_BYTES`](super::MAX_FILE_BYTES)) is refused: a few bytes of
+/// zstd can decode to gigabytes.
+fn check_value_size(len: usize) -> std::result::Result<(), String> {
+    if len as u64 > super::MAX_FILE_BYTES {
+        return Err(format!(
+            "a value of {len} bytes, over the {}-byte limit of a record",
+            super::MAX_FILE_BYTES
+        ));
+    }
+    Ok(())
 }
 
 /// Opens `path`'s footer (and page index, when it has one).
@@ -909,7 +1096,15 @@ impl Source for Parquet {
     fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
         let groups = self.group_order(seed, epoch);
         let following = epoch.checked_add(1).map(|next| (seed, next));
-        *crate::lock(&self.inner.plan) = Plan::new(groups.clone(), following);
+        {
+            // Asked again for the epoch under way (`Loader::batches`, a
+            // resume, a second loader): its reads ahead go on.
+            let mut plan = crate::lock(&self.inner.plan);
+            if plan.epoch != Some((seed, epoch)) {
+                *plan = Plan::new(groups.clone(), following);
+                plan.epoch = Some((seed, epoch));
+            }
+        }
         let Some(seed) = seed else {
             return Some((0..self.len()).collect());
         };
