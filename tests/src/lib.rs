@@ -187,3 +187,184 @@ pub fn python_fixture(script: &str, args: &[&str]) -> Option<String> {
     }
     Some(String::from_utf8(out.stdout).expect("UTF-8 output"))
 }
+
+/// A small HTTP/1.1 object server on 127.0.0.1 for the remote tests:
+/// `HEAD` and `GET` of its objects with their sizes and entity tags,
+/// ranged GETs (`Range: bytes=a-b` and `a-`), `If-Match` (412 when the
+/// object changed), bodies sent at most `rate` bytes a second (in 16 KiB
+/// writes), and a stall: once it has sent `stall_after` bytes of bodies
+/// in all, every body stops where it is (the connection stays open). Objects can be replaced while it runs. Each request is
+/// logged (method, path, authorization header seen).
+#[derive(Debug)]
+pub struct ObjectServer {
+    /// Its port.
+    pub port: u16,
+    state: std::sync::Arc<ServerState>,
+}
+
+#[derive(Debug, Default)]
+struct ServerState {
+    objects: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+    rate: std::sync::atomic::AtomicU64,
+    stall_after: std::sync::atomic::AtomicU64,
+    sent: std::sync::atomic::AtomicU64,
+    log: std::sync::Mutex<Vec<String>>,
+}
+
+impl ObjectServer {
+    /// A server of no objects, unthrottled.
+    pub fn start() -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = std::sync::Arc::new(ServerState::default());
+        state.stall_after.store(u64::MAX, Relaxed);
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let st = st.clone();
+                std::thread::spawn(move || serve(conn, &st));
+            }
+        });
+        Self { port, state }
+    }
+
+    /// Puts (or replaces) object `path` (`/x/y.bin`).
+    pub fn put(&self, path: &str, bytes: Vec<u8>) {
+        self.state
+            .objects
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), bytes);
+    }
+
+    /// Bodies at most `bytes_per_sec` from now on.
+    pub fn throttle(&self, bytes_per_sec: u64) {
+        self.state
+            .rate
+            .store(bytes_per_sec, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bodies stop after `bytes` from now on (the connection stays open).
+    pub fn stall_after(&self, bytes: u64) {
+        self.state
+            .stall_after
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The URL of object `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// The requests seen so far.
+    pub fn log(&self) -> Vec<String> {
+        self.state.log.lock().unwrap().clone()
+    }
+}
+
+/// The entity tag of an object's bytes.
+fn etag(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("\"{h:016x}-{}\"", bytes.len())
+}
+
+fn serve(conn: std::net::TcpStream, st: &ServerState) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut out = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        let mut headers = std::collections::HashMap::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        st.log.lock().unwrap().push(format!(
+            "{method} {path} auth={:?}",
+            headers.get("authorization")
+        ));
+        let object = st.objects.lock().unwrap().get(&path).cloned();
+        let Some(object) = object else {
+            let _ = out.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        };
+        let tag = etag(&object);
+        if headers
+            .get("if-match")
+            .is_some_and(|m| *m != tag && m != "*")
+        {
+            let _ = out.write_all(b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        }
+        let len = object.len() as u64;
+        let range = headers.get("range").and_then(|r| {
+            let (a, b) = r.strip_prefix("bytes=")?.split_once('-')?;
+            let a: u64 = a.parse().ok()?;
+            let b: u64 = if b.is_empty() {
+                len - 1
+            } else {
+                b.parse().ok()?
+            };
+            Some((a, b.min(len - 1)))
+        });
+        let (status, start, end) = match range {
+            Some((a, b)) => ("206 Partial Content", a, b + 1),
+            None => ("200 OK", 0, len),
+        };
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: {tag}\r\n\
+             Last-Modified: Sun, 06 Dec 2026 00:00:00 GMT\r\nAccept-Ranges: bytes\r\n",
+            end - start
+        );
+        if range.is_some() {
+            head += &format!("Content-Range: bytes {start}-{}/{len}\r\n", end - 1);
+        }
+        head += "\r\n";
+        if out.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        if method == "HEAD" {
+            continue;
+        }
+        let body = &object[start as usize..end as usize];
+        let (rate, stall) = (st.rate.load(Relaxed), st.stall_after.load(Relaxed));
+        let _ = out.flush();
+        for chunk in body.chunks(16 << 10) {
+            if st.sent.fetch_add(chunk.len() as u64, Relaxed) + chunk.len() as u64 > stall {
+                // Stalled: the connection stays open, silent.
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                return;
+            }
+            if out.write_all(chunk).is_err() {
+                return;
+            }
+            if rate > 0 {
+                std::thread::sleep(std::time::Duration::from_secs_f64(
+                    chunk.len() as f64 / rate as f64,
+                ));
+            }
+        }
+    }
+}

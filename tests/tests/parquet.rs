@@ -628,3 +628,271 @@ fn remote_read_ahead_crosses_into_the_next_epoch() {
     p.read(order1[0]).unwrap();
     assert_eq!(fetches(first1), 2);
 }
+
+/// `file` with its footer rewritten to claim `rows` rows in row group 0
+/// (and in the file): the data pages as they were.
+fn lying_footer(file: &Path, out: &Path, rows: i64) {
+    use parquet::file::metadata::{
+        FileMetaData, ParquetMetaDataBuilder, ParquetMetaDataReader, ParquetMetaDataWriter,
+    };
+    let bytes = std::fs::read(file).unwrap();
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&std::fs::File::open(file).unwrap())
+        .unwrap();
+    let footer_len =
+        u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
+    let data_end = bytes.len() - 8 - footer_len as usize;
+    let fm = meta.file_metadata();
+    let mut groups = meta.row_groups().to_vec();
+    let others: i64 = groups[1..].iter().map(|g| g.num_rows()).sum();
+    groups[0] = groups[0]
+        .clone()
+        .into_builder()
+        .set_num_rows(rows)
+        .build()
+        .unwrap();
+    let file_meta = FileMetaData::new(
+        fm.version(),
+        rows.saturating_add(others),
+        fm.created_by().map(String::from),
+        fm.key_value_metadata().cloned(),
+        fm.schema_descr_ptr(),
+        fm.column_orders().cloned(),
+    );
+    let lying = ParquetMetaDataBuilder::new(file_meta)
+        .set_row_groups(groups)
+        .build();
+    let mut written = bytes[..data_end].to_vec();
+    ParquetMetaDataWriter::new(&mut written, &lying)
+        .finish()
+        .unwrap();
+    std::fs::write(out, written).unwrap();
+}
+
+/// A footer that lies about its rows is an error naming the file: at open
+/// when the count cannot be true (negative, or more rows than its bytes
+/// can hold: it aborted the process at `build()` when it claimed 2^40),
+/// at the read when it claims a few rows more than its pages hold (a
+/// panic in arrow before).
+#[test]
+fn lying_footers_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = converted(dir.path(), 2, 2, 100);
+    let file = files(&out.join("data")).remove(0);
+    let honest = Parquet::open([&file]).unwrap();
+    assert_eq!(honest.len(), 6);
+    for rows in [-1, 1 << 40, 1 << 20] {
+        let lie = dir.path().join(format!("lie{rows}.parquet"));
+        lying_footer(&file, &lie, rows);
+        let e = Parquet::open([&lie]).unwrap_err();
+        assert!(e.is_config_error(), "{rows}: {e}");
+        let text = candle_wick::error_chain(&e);
+        assert!(text.contains(&format!("lie{rows}.parquet")), "{text}");
+        assert!(text.contains("rows"), "{text}");
+    }
+    let lie = dir.path().join("lie50.parquet");
+    lying_footer(&file, &lie, 50);
+    let p = Parquet::open([&lie]).unwrap();
+    let e = p.read(10).unwrap_err();
+    let text = candle_wick::error_chain(&e);
+    assert!(
+        text.contains("lie50.parquet") && text.contains("rows"),
+        "{text}"
+    );
+}
+
+/// The row-group cache is bounded in bytes: reading every row keeps it
+/// under `cache_bytes`, and a row group larger than that on its own is an
+/// error naming it before it is fetched.
+#[test]
+fn the_row_group_cache_is_bounded_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = converted(dir.path(), 10, 2, 100);
+    let file = files(&out.join("data")).remove(0);
+    let one = Parquet::open([&file]).unwrap();
+    one.read(0).unwrap();
+    let group = candle_wick::Source::memory(&one);
+    assert!(group > 0);
+    let limit = 3 * group + group / 2;
+    let p = Parquet::open_with(
+        [&file],
+        ParquetOptions {
+            cache_bytes: limit,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut most = 0;
+    for i in p.epoch_order(Some(3), 0).unwrap() {
+        p.read(i).unwrap();
+        most = most.max(candle_wick::Source::memory(&p));
+    }
+    assert!(most <= limit, "{most} bytes held, limit {limit}");
+    let tiny = Parquet::open_with(
+        [&file],
+        ParquetOptions {
+            cache_bytes: 16,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let e = candle_wick::error_chain(&tiny.read(0).unwrap_err());
+    assert!(
+        e.contains("row group 0") && e.contains("cache_bytes"),
+        "{e}"
+    );
+}
+
+/// A file without the label column named is an error listing the columns
+/// it has (it trained with every label 0 before); `label_column: None`
+/// reads it unlabelled.
+#[test]
+fn a_missing_label_column_is_an_error_naming_the_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = converted(dir.path(), 2, 2, 100);
+    let file = files(&out.join("data")).remove(0);
+    let opts = |label: Option<&str>| ParquetOptions {
+        label_column: label.map(String::from),
+        ..Default::default()
+    };
+    let e = Parquet::open_with([&file], opts(Some("fine_label"))).unwrap_err();
+    let text = candle_wick::error_chain(&e);
+    assert!(
+        text.contains("fine_label") && text.contains("\"label\""),
+        "{text}"
+    );
+    let unlabelled = Parquet::open_with([&file], opts(None)).unwrap();
+    assert_eq!(unlabelled.read(5).unwrap().label, 0);
+}
+
+/// Waits until no new bytes were read for 300 ms (reads ahead run on
+/// threads of their own), at most a minute.
+fn settled(p: &Parquet) {
+    let t = std::time::Instant::now();
+    let mut last = (p.bytes_read(), std::time::Instant::now());
+    while t.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let now = p.bytes_read();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if last.1.elapsed() > std::time::Duration::from_millis(300) {
+            return;
+        }
+    }
+}
+
+/// From a store, a read in the middle of an epoch (a resume, or
+/// `epoch_from`) reads ahead from its own window: the groups before it in
+/// the epoch are not fetched (every one was, each on a thread of its own).
+#[test]
+fn a_resume_reads_ahead_from_its_own_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, images, leaves) = through_store(dir.path(), 2);
+    let order = p.epoch_order(Some(7), 0).unwrap();
+    p.__record_reads();
+    p.read(order[order.len() - 4]).unwrap();
+    settled(&p);
+    let reads = p.__record_reads();
+    let groups: std::collections::BTreeSet<usize> = images
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| {
+            reads
+                .iter()
+                .any(|(_, got)| got.start <= r.start && r.end <= got.end)
+        })
+        .map(|(i, _)| i / leaves)
+        .collect();
+    // Its window (2 groups) and the rest of the epoch (1 group), of 15.
+    assert!(
+        groups.len() <= 3,
+        "{} of 15 groups fetched: {groups:?}",
+        groups.len()
+    );
+    // Asked for the epoch's order again (`Loader::batches`), the plan of
+    // the epoch under way stays: nothing is fetched again.
+    assert_eq!(p.epoch_order(Some(7), 0).unwrap(), order);
+    p.read(order[order.len() - 3]).unwrap();
+    settled(&p);
+    assert!(p.__record_reads().is_empty());
+}
+
+/// A Parquet member of a mixture is read in its own block-shuffled order:
+/// the mixture reads about the bytes the source alone reads (10.9x before,
+/// when each member's draws were a uniform permutation over row groups).
+#[test]
+fn a_mixture_of_parquet_reads_what_the_member_alone_reads() {
+    use candle_wick::source::Mixture;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = converted(dir.path(), 40, 2, 1000);
+    let file = files(&out.join("data")).remove(0);
+    let alone = Parquet::open([&file]).unwrap();
+    let before = alone.bytes_read();
+    for i in alone.epoch_order(Some(7), 0).unwrap() {
+        alone.read(i).unwrap();
+    }
+    let alone_bytes = alone.bytes_read() - before;
+    let member = Parquet::open([&file]).unwrap();
+    let mix = Mixture::builder().add(member.clone(), 1.0).build().unwrap();
+    let before = member.bytes_read();
+    for i in mix.epoch_order(Some(7), 0).unwrap() {
+        mix.read(i).unwrap();
+    }
+    let mixed = member.bytes_read() - before;
+    let ratio = mixed as f64 / alone_bytes as f64;
+    assert!(
+        ratio <= 1.2,
+        "{mixed} bytes mixed against {alone_bytes} alone: {ratio:.2}x"
+    );
+}
+
+/// Hub caches written by the real `huggingface_hub` and `datasets`
+/// (tests/fixtures/hf_hub_mock.py: they download from a mock of the Hub's
+/// API on 127.0.0.1): a dataset downloaded by commit has no `refs/main`
+/// (what `datasets` does when given a revision, and `snapshot_download` by
+/// commit) and opens at its snapshot (it was an error); with `refs/main`,
+/// main is read; with two snapshots, main or the commit named.
+#[test]
+fn the_hf_cache_as_the_hub_libraries_write_it() {
+    use candle_wick::source::HubOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, first) = converted(&dir.path().join("one"), 2, 2, 100);
+    let (_, second) = converted(&dir.path().join("two"), 3, 2, 100);
+    let out = dir.path().join("caches");
+    let args = [
+        "--data",
+        first.to_str().unwrap(),
+        "--data2",
+        second.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let Some(printed) = tests::python_fixture("hf_hub_mock.py", &args) else {
+        return;
+    };
+    let shas: serde_json::Value = serde_json::from_str(printed.lines().last().unwrap()).unwrap();
+    let sha1 = shas["sha1"].as_str().unwrap();
+    let rows = |case: &str, revision: &str| {
+        let opts = HubOptions {
+            revision: revision.into(),
+            ..HubOptions::default()
+        };
+        Parquet::from_hf_cache_in(&out.join(case), "org/imgs", "train", &opts).map(|p| p.len())
+    };
+    assert!(!out.join("by_commit/datasets--org--imgs/refs").exists());
+    assert_eq!(
+        rows("by_commit", "main").unwrap(),
+        6,
+        "by commit, no refs/main"
+    );
+    assert_eq!(rows("by_commit", sha1).unwrap(), 6);
+    assert_eq!(rows("with_main", "main").unwrap(), 9);
+    assert_eq!(rows("several", "main").unwrap(), 9, "main of two snapshots");
+    assert_eq!(rows("several", sha1).unwrap(), 6, "the commit named");
+    assert_eq!(
+        rows("datasets", "main").unwrap(),
+        9,
+        "as load_dataset left it"
+    );
+    assert!(rows("with_main", "v2").is_err(), "a ref that is not there");
+}

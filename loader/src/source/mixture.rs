@@ -538,5 +538,26 @@ mod tests {
             .add(member(2), 1.0)
             .build()
             .is_err());
+        // Two changes at epoch 0, as at any other epoch.
+        assert!(m()
+            .schedule(0, &[1.0, 0.0])
+            .schedule(0, &[0.0, 1.0])
+            .build()
+            .is_err());
+        // Finite weights whose sum is not: the same proportions.
+        let huge = Mixture::builder()
+            .add(member(3), 1e308)
+            .add(member(2), 1e308)
+            .build()
+            .unwrap();
+        assert_eq!(huge.weights(0), [0.5, 0.5]);
+        assert_eq!(huge.epoch_order(Some(1), 0).unwrap().len(), 5);
+        // More members than an epoch's picks can name.
+        let mut many = Mixture::builder();
+        for _ in 0..=MAX_MEMBERS {
+            many = many.add(member(1), 1.0);
+        }
+        let e = many.build().unwrap_err().to_string();
+        assert!(e.contains("65536"), "{e}");
     }
 }

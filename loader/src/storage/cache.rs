@@ -113,6 +113,8 @@ struct Disk {
     /// When the directory was last listed, and bytes written since.
     scanned: Option<Instant>,
     written: u64,
+    /// Listings read (for the tests).
+    scans: u64,
 }
 
 /// A file of the directory, as this process knows it.
@@ -171,6 +173,7 @@ impl ObjectCache {
                     bytes: 0,
                     scanned: None,
                     written: 0,
+                    scans: 0,
                 };
                 disk.merge(scan(dir));
                 Some(Mutex::new(disk))
@@ -493,6 +496,7 @@ impl Disk {
         }
         self.scanned = Some(Instant::now());
         self.written = 0;
+        self.scans += 1;
     }
 
     /// Deletes the least recently used files until 90% of `limit` holds
@@ -591,5 +595,87 @@ mod tests {
         assert_eq!(crate::lock(c.disk.as_ref().unwrap()).map.len(), 2);
         assert!(c.whole("s3://b/y").is_some(), "y was used last");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn disk_of(c: &ObjectCache) -> std::sync::MutexGuard<'_, Disk> {
+        crate::lock(c.disk.as_ref().unwrap())
+    }
+
+    /// A full directory is listed once per tenth of its limit written,
+    /// not once per file kept (it was before every file once full).
+    #[test]
+    fn a_full_directory_is_not_listed_for_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(0, Some((dir.path(), 1000 * 100)));
+        for i in 0..3000 {
+            c.store(&format!("s3://b/{i}"), &Bytes::from(vec![1; 100]));
+        }
+        let d = disk_of(&c);
+        assert!(d.scans <= 30, "{} listings for 3,000 files", d.scans);
+        assert!(d.bytes <= 1000 * 100, "{} bytes kept", d.bytes);
+        drop(d);
+        let on_disk = std::fs::read_dir(dir.path()).unwrap().count();
+        assert!((900..=1000).contains(&on_disk), "{on_disk} files");
+        assert!(c.whole("s3://b/2999").is_some(), "the newest is kept");
+        assert!(c.whole("s3://b/0").is_none(), "the oldest went");
+    }
+
+    /// Two processes (two caches) on one directory: each one's files in
+    /// use survive the other's eviction, since uses are stamped on the
+    /// files and both rank by that one clock.
+    #[test]
+    fn processes_sharing_a_directory_keep_each_others_hot_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = 10 * 100;
+        let (a, b) = (
+            cache(0, Some((dir.path(), limit))),
+            cache(0, Some((dir.path(), limit))),
+        );
+        let obj = Bytes::from(vec![5; 100]);
+        a.store("a/hot", &obj);
+        b.store("b/hot", &obj);
+        for i in 0..40 {
+            // Each keeps using its hot file while both write cold ones.
+            assert!(a.whole("a/hot").is_some(), "a's hot file, round {i}");
+            assert!(b.whole("b/hot").is_some(), "b's hot file, round {i}");
+            a.store(&format!("a/cold{i}"), &obj);
+            b.store(&format!("b/cold{i}"), &obj);
+        }
+        let on_disk = std::fs::read_dir(dir.path()).unwrap().count();
+        assert!(on_disk <= 12, "{on_disk} files for a limit of 10");
+    }
+
+    /// A file another process deleted is a miss (fetched again), not a
+    /// path that fails every later open in this one.
+    #[test]
+    fn a_file_deleted_by_another_process_is_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(0, Some((dir.path(), 1 << 20)));
+        let fetches = std::cell::Cell::new(0);
+        let fetch = |to: &Path| {
+            fetches.set(fetches.get() + 1);
+            std::fs::write(to, [3; 50]).map_err(|source| crate::Error::Io {
+                path: to.into(),
+                source,
+            })
+        };
+        let read = |f: File| std::io::Read::bytes(f).count();
+        assert_eq!(read(c.file("k", 50, fetch).unwrap().unwrap()), 50);
+        assert_eq!(read(c.file("k", 50, fetch).unwrap().unwrap()), 50);
+        assert_eq!(fetches.get(), 1, "the second open is the file's");
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        assert_eq!(read(c.file("k", 50, fetch).unwrap().unwrap()), 50);
+        assert_eq!(fetches.get(), 2, "fetched again");
+        // A temporary file of the wrong size is not renamed into place.
+        let short = |to: &Path| {
+            std::fs::write(to, [3; 10]).map_err(|source| crate::Error::Io {
+                path: to.into(),
+                source,
+            })
+        };
+        drop(c.file("short", 50, short).unwrap());
+        assert!(c.whole("short").is_none());
     }
 }

@@ -824,6 +824,50 @@ pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+    /// `configure("s3://data", ..)` is for that bucket, not
+    /// `s3://data-public`.
+    #[test]
+    fn options_apply_under_their_prefix_at_a_boundary() {
+        use super::under;
+        assert!(under("s3://data/x.tar", "s3://data"));
+        assert!(under("s3://data", "s3://data"));
+        assert!(under("s3://data/train/x", "s3://data/"));
+        assert!(!under("s3://data-public/x.tar", "s3://data"));
+        assert!(!under("s3://datasets/x", "s3://data"));
+        assert!(under("https://host/a/b", "https://host/a"));
+        assert!(!under("https://host/ab", "https://host/a"));
+    }
+
+    /// The store's `Debug` prints an Azure SAS token (object_store derives
+    /// it); an object's does not.
+    #[test]
+    fn an_object_prints_no_credentials() {
+        super::configure(
+            "az://wickdebug",
+            vec![
+                ("azure_storage_account_name".into(), "acct".into()),
+                (
+                    "azure_storage_sas_key".into(),
+                    "sv=2024-01-01&sig=TOPSECRETSIGNATURE".into(),
+                ),
+            ],
+        );
+        let (store, path) = super::store("az://wickdebug/x.parquet").unwrap();
+        assert!(format!("{store:?}").contains("TOPSECRET"), "the probe");
+        let o = super::Object {
+            store,
+            root: "az://wickdebug".into(),
+            path,
+            url: "az://wickdebug/x.parquet".into(),
+            len: 1,
+            version: super::Version::default(),
+            key: "k".into(),
+        };
+        let shown = format!("{o:?} {:?}", crate::storage::Blob::Remote(o.clone()));
+        assert!(!shown.contains("TOPSECRET"), "{shown}");
+        assert!(shown.contains("az://wickdebug/x.parquet"), "{shown}");
+    }
+
     /// An upload in one PUT and in parts (small limits here) writes the
     /// file's bytes, and an upload to a bad URL names it.
     #[test]

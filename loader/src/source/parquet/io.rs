@@ -322,6 +322,13 @@ impl RowGroupCache {
             let size = batch.get_array_memory_size() as u64;
             let old = s.bytes.insert(key, size).unwrap_or(0);
             s.total = s.total - old + size;
+            // Decoded larger than its footer said: others make room.
+            while s.total > self.max_bytes {
+                let Some(&oldest) = s.order.iter().find(|k| **k != key) else {
+                    break;
+                };
+                s.forget(&oldest);
+            }
         }
         Ok(batch)
     }

@@ -1,0 +1,396 @@
+//! What the storage chapter promises of remote data, where users run it:
+//! a big object over a slow link arrives whole and a stalled one fails
+//! naming it; ranks that are each PID 1 (one container each) share a cache
+//! directory without corrupting it; an object rewritten while open is an
+//! error, never its new bytes at the old offsets; credentials in a URL are
+//! refused and never printed; a prefix lists one level as a folder does;
+//! a file list read from a URL stays in its store; `wick convert` into an
+//! earlier conversion's folder is refused; read-ahead stops retrying when
+//! its loader is dropped. The servers are [`tests::ObjectServer`]s on
+//! 127.0.0.1, started here.
+
+use candle_wick::source::{FileList, Source, TokenFile, TokenLayout, TokenType, WebDataset};
+use candle_wick::storage::{configure, set_cache, RemoteCache};
+use candle_wick::write::{convert, ConvertOptions, ShardFormat};
+use candle_wick::{error_chain, open_path, Error};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tests::{image_folder, within, ObjectServer};
+
+/// The remote-object cache is process-wide: the tests that set one take
+/// turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn url(path: &Path) -> PathBuf {
+    format!("file://{}", path.canonicalize().unwrap().display()).into()
+}
+
+fn raw_u8(path: &str) -> candle_wick::Result<TokenFile> {
+    TokenFile::open_as(path, TokenLayout::Raw(TokenType::U8))
+}
+
+/// A token file of 2.6 MB served at 64 KiB/s takes 40 s: longer than a
+/// ranged request may take (30 s), so it must be fetched as a transfer
+/// bounded by progress. It arrives whole, byte for byte.
+#[test]
+fn a_big_object_on_a_slow_link_arrives_whole() {
+    let server = ObjectServer::start();
+    let data: Vec<u8> = (0..2_600_000u32).map(|i| (i % 251) as u8).collect();
+    server.put("/corpus/tokens.bin", data.clone());
+    server.throttle(64 << 10);
+    let t = Instant::now();
+    let u = server.url("/corpus/tokens.bin");
+    let tokens = within(300, move || raw_u8(&u)).unwrap();
+    let took = t.elapsed();
+    assert!(
+        took > Duration::from_secs(30),
+        "took {took:?}: not throttled"
+    );
+    assert_eq!(tokens.len(), data.len());
+    let differ = (0..data.len())
+        .filter(|&i| tokens.get(i) != Some(u32::from(data[i])))
+        .count();
+    assert_eq!(differ, 0, "{differ} tokens differ");
+}
+
+/// A download that stops sending fails after the idle limit (set to 1 s
+/// here, 30 s by default), naming the URL; it does not hang.
+#[test]
+fn a_stalled_download_fails_naming_the_url() {
+    let server = ObjectServer::start();
+    server.put("/stall/tokens.bin", vec![7; 1 << 20]);
+    server.stall_after(200 << 10);
+    configure(
+        &format!("http://127.0.0.1:{}", server.port),
+        [("read_timeout", "1s")],
+    );
+    let u = server.url("/stall/tokens.bin");
+    let e = within(120, move || raw_u8(&u).map(drop)).unwrap_err();
+    let chain = error_chain(&e);
+    assert!(chain.contains("/stall/tokens.bin"), "{chain}");
+}
+
+/// Two ranks, each PID 1 in a PID namespace of its own (`unshare -rpf`:
+/// one container per rank), download one object into one cache directory,
+/// the second starting while the first is two thirds through. Each maps
+/// the object whole and unharmed, and the file left in the directory is
+/// the object. (With temporary names made of the PID and a counter, both
+/// wrote one file: the second truncated the first's, which then renamed
+/// a file with a hole of zeros into place.)
+#[test]
+fn ranks_in_containers_share_a_cache_directory() {
+    if let Ok(u) = std::env::var("WICK_CACHE_RANK_URL") {
+        // A rank: PID 1 of its namespace.
+        let dir = std::env::var("WICK_CACHE_RANK_DIR").unwrap();
+        set_cache(&RemoteCache::memory(0).disk(dir, 1 << 30)).unwrap();
+        let tokens = raw_u8(&u).unwrap();
+        let bad = (0..tokens.len())
+            .filter(|&i| tokens.get(i) != Some(9))
+            .count();
+        println!(
+            "rank pid {}: {} tokens, {bad} not 9",
+            std::process::id(),
+            tokens.len()
+        );
+        assert_eq!((tokens.len(), bad), (1 << 20, 0));
+        return;
+    }
+    let server = ObjectServer::start();
+    server.put("/shared/tokens.bin", vec![9; 1 << 20]);
+    server.throttle(256 << 10);
+    let dir = tempfile::tempdir().unwrap();
+    let rank = || {
+        std::process::Command::new("unshare")
+            .arg("-rpf")
+            .arg(std::env::current_exe().unwrap())
+            .args(["ranks_in_containers_share_a_cache_directory", "--exact"])
+            .args(["--nocapture", "--test-threads", "1"])
+            .env("WICK_CACHE_RANK_URL", server.url("/shared/tokens.bin"))
+            .env("WICK_CACHE_RANK_DIR", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+    };
+    let Ok(a) = rank() else {
+        eprintln!("skipped: unshare does not run");
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(2700));
+    let b = rank().unwrap();
+    for (name, child) in [("first", a), ("second", b)] {
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if text.contains("unshare failed") {
+            eprintln!("skipped: unshare -rpf is not permitted here");
+            return;
+        }
+        assert!(out.status.success(), "{name} rank failed:\n{text}");
+        assert!(text.contains("rank pid 1:"), "not PID 1:\n{text}");
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let objects: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "obj"))
+        .collect();
+    assert_eq!(objects.len(), 1, "{files:?}");
+    let kept = std::fs::read(objects[0]).unwrap();
+    assert!(kept.len() == 1 << 20 && kept.iter().all(|&b| b == 9));
+}
+
+/// A WebDataset shard of 10 images in `dir`, and the shard's path.
+fn one_shard(dir: &Path) -> PathBuf {
+    let folder = dir.join("folder");
+    image_folder(&folder, 2, 5);
+    let out = dir.join("wds");
+    let opts = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        ..ConvertOptions::default()
+    };
+    convert(&*open_path(&folder).unwrap(), &out, &opts, &|_| {})
+        .unwrap()
+        .remove(0)
+}
+
+/// Flips one byte in the middle of `path`, keeping its size.
+fn rewrite_same_size(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A shard rewritten (same size) while open: its next read is an error
+/// saying the object changed, never the new bytes at the old index's
+/// offsets; over `file://` and HTTP alike. Without a cache and with one
+/// (a read may then be the bytes cached from the version opened, never
+/// the new ones).
+#[test]
+fn an_object_rewritten_while_open_is_not_read_with_the_old_index() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let shard = one_shard(dir.path());
+    let server = ObjectServer::start();
+    for cached in [false, true] {
+        let cache = if cached {
+            RemoteCache::memory(64 << 20)
+        } else {
+            RemoteCache::default()
+        };
+        set_cache(&cache).unwrap();
+        std::fs::write(&shard, std::fs::read(&shard).unwrap()).unwrap();
+        server.put("/wds/shard.tar", std::fs::read(&shard).unwrap());
+        let over_file = WebDataset::open([url(&shard)]).unwrap();
+        let over_http = WebDataset::open([server.url("/wds/shard.tar")]).unwrap();
+        let before: Vec<Vec<u8>> = (0..10).map(|i| over_file.read(i).unwrap().bytes).collect();
+        assert_eq!(over_http.read(0).unwrap().bytes, before[0]);
+        rewrite_same_size(&shard);
+        server.put("/wds/shard.tar", std::fs::read(&shard).unwrap());
+        for (how, wds) in [("file", &over_file), ("http", &over_http)] {
+            for (i, old) in before.iter().enumerate() {
+                match wds.read(i) {
+                    Ok(r) => assert!(
+                        cached && r.bytes == *old,
+                        "{how}, cached {cached}: sample {i} read Ok with other bytes"
+                    ),
+                    Err(e) => {
+                        let chain = error_chain(&e);
+                        assert!(chain.contains("changed"), "{how}: {chain}");
+                        assert!(!e.is_transient(), "{how}: {chain}");
+                    }
+                }
+            }
+        }
+    }
+    set_cache(&RemoteCache::default()).unwrap();
+}
+
+/// A user and password in a URL are refused (object_store would not send
+/// them) and appear in no message; the server sees no request.
+#[test]
+fn credentials_in_a_url_are_refused_and_never_printed() {
+    let server = ObjectServer::start();
+    server.put("/ok.tar", vec![0; 1024]);
+    let secret = format!("http://alice:S3CR3T-PASS@127.0.0.1:{}/ok.tar", server.port);
+    let signed = format!("{}?X-Amz-Signature=S3CR3T-SIG", server.url("/ok.tar"));
+    for u in [&secret, &signed] {
+        let errors: Vec<Error> = vec![
+            WebDataset::open([u]).unwrap_err(),
+            open_path(u).map(drop).unwrap_err(),
+            raw_u8(u).map(drop).unwrap_err(),
+        ];
+        for e in errors {
+            let chain = error_chain(&e);
+            let shown = format!("{e} {e:?}");
+            assert!(!chain.contains("S3CR3T"), "{chain}");
+            assert!(!e.to_string().contains("S3CR3T"), "{shown}");
+            assert!(chain.contains("127.0.0.1"), "{chain}");
+        }
+    }
+    assert!(server.log().is_empty(), "{:?}", server.log());
+    // A file list of such entries is refused at its line.
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.csv");
+    std::fs::write(&list, format!("path,label\n{secret},0\n")).unwrap();
+    let e = FileList::new(&list).unwrap_err();
+    assert!(
+        !error_chain(&e).contains("S3CR3T") && e.to_string().contains("line 2"),
+        "{e}"
+    );
+}
+
+/// A prefix lists its shards one level deep, as a local folder is read:
+/// `train/` and `val/` under one prefix do not mix.
+#[test]
+fn a_prefix_reads_what_the_same_folder_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = one_shard(dir.path());
+    let root = dir.path().join("splits");
+    for split in ["train", "val"] {
+        std::fs::create_dir_all(root.join(split)).unwrap();
+        std::fs::copy(&shard, root.join(split).join("shard-000.tar")).unwrap();
+    }
+    let local = open_path(&root).map(|s| s.len());
+    let remote = open_path(url(&root)).map(|s| {
+        let keys: Vec<String> = (0..s.len()).map(|i| s.key(i)).collect();
+        keys
+    });
+    if let Ok(keys) = &remote {
+        assert!(keys.iter().all(|k| !k.contains("/val/")), "{keys:?}");
+    }
+    assert!(
+        local.is_err() && remote.is_err(),
+        "{local:?} against {remote:?}"
+    );
+    // Each split alone reads its own shard.
+    let train = open_path(url(&root.join("train"))).unwrap();
+    assert_eq!(train.len(), 10);
+    assert!((0..10).all(|i| train.key(i).contains("/train/")));
+}
+
+/// A file list read from a URL names objects beside it: an absolute
+/// local path in it is refused at its line unless the list is trusted.
+#[test]
+fn a_list_from_a_url_stays_in_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    let images = image_folder(&folder, 1, 2);
+    let outside = images[0].canonicalize().unwrap();
+    let lists = dir.path().join("lists");
+    std::fs::create_dir_all(&lists).unwrap();
+    let list = lists.join("train.csv");
+    std::fs::write(&list, format!("path,label\n{},0\n", outside.display())).unwrap();
+    let e = FileList::new(url(&list)).unwrap_err();
+    assert!(
+        e.to_string().contains("line 2") && e.to_string().contains("outside"),
+        "{e}"
+    );
+    let trusted = FileList::trusting(url(&list)).unwrap();
+    assert_eq!(
+        trusted.read(0).unwrap().bytes,
+        std::fs::read(&outside).unwrap()
+    );
+    // Read locally, the same list keeps its documented meaning.
+    assert_eq!(FileList::new(&list).unwrap().len(), 1);
+    // Relative entries and URLs of the same store are read.
+    let rel = format!("path,label\n../folder/class0/{}\n", "x.png,0");
+    std::fs::write(lists.join("rel.csv"), rel).unwrap();
+    assert!(FileList::new(url(&lists.join("rel.csv"))).is_ok());
+}
+
+/// `wick convert` into a folder holding an earlier, larger conversion:
+/// refused, since its shards would join the new dataset; with
+/// `overwrite`, the old shards are deleted first.
+#[test]
+fn convert_into_an_earlier_conversion_is_refused_or_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    image_folder(&folder, 3, 10);
+    let out = dir.path().join("out");
+    let opts = ConvertOptions {
+        shard_size: 10,
+        ..ConvertOptions::default()
+    };
+    let all = open_path(&folder).unwrap();
+    assert_eq!(convert(&*all, &out, &opts, &|_| {}).unwrap().len(), 3);
+    let small_dir = dir.path().join("small");
+    image_folder(&small_dir, 1, 10);
+    let small = open_path(&small_dir).unwrap();
+    let e = convert(&*small, &out, &opts, &|_| {}).unwrap_err();
+    assert!(e.to_string().contains("overwrite"), "{e}");
+    assert_eq!(
+        open_path(&out).unwrap().len(),
+        30,
+        "the earlier dataset is whole"
+    );
+    let over = ConvertOptions {
+        overwrite: true,
+        ..opts.clone()
+    };
+    convert(&*small, &out, &over, &|_| {}).unwrap();
+    assert_eq!(open_path(&out).unwrap().len(), 10);
+    // The same through a URL destination.
+    let e = convert(&*all, &url(&out), &opts, &|_| {}).unwrap_err();
+    assert!(e.to_string().contains("overwrite"), "{e}");
+}
+
+/// A source whose every read fails transiently after 20 ms.
+#[derive(Debug)]
+struct Flaky;
+
+impl Source for Flaky {
+    fn len(&self) -> usize {
+        64
+    }
+    fn read(&self, index: usize) -> candle_wick::Result<candle_wick::source::Record> {
+        std::thread::sleep(Duration::from_millis(20));
+        Err(Error::Io {
+            path: format!("flaky/{index}").into(),
+            source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+        })
+    }
+    fn is_remote(&self) -> bool {
+        true
+    }
+}
+
+/// Reads ahead that keep failing stop retrying once their loader is
+/// dropped: no `wick-read` thread outlives it by more than a moment
+/// (each read had 40 retries, seconds of waits, left).
+#[test]
+fn read_ahead_stops_retrying_when_its_loader_is_dropped() {
+    let mut loader = candle_wick::Loader::builder(Flaky)
+        .batch_size(4)
+        .image_size(8)
+        .workers(1)
+        .retry(40)
+        .build()
+        .unwrap();
+    let epoch = loader.epoch(0);
+    std::thread::sleep(Duration::from_millis(400));
+    let reading = tests::wick_threads()
+        .iter()
+        .filter(|n| n.starts_with("wick-read"))
+        .count();
+    assert!(reading > 0, "no read-ahead: {:?}", tests::wick_threads());
+    drop(epoch);
+    drop(loader);
+    let left = tests::settle(3, tests::wick_threads, |t| {
+        !t.iter().any(|n| n.starts_with("wick-read"))
+    });
+    assert!(
+        !left.iter().any(|n| n.starts_with("wick-read")),
+        "{left:?} 3 s after the drop"
+    );
+}
