@@ -1,5 +1,6 @@
 //! Every decoder the loader reaches, on arbitrary bytes behind a format's
-//! signature (the first byte picks PNG, WebP, BMP, GIF, JPEG or none), as
+//! signature (the first byte picks PNG, WebP, BMP, GIF, TIFF (little- or
+//! big-endian), JPEG or none), as
 //! the loader and `wick inspect` call them: the header limits, the whole
 //! decode, and the fused decode + crop path.
 #![no_main]
@@ -7,11 +8,13 @@ use candle_wick::__bench::{decode_rgb_into, HostLayout, ImageTransform, Slot};
 use candle_wick::{Size, Transforms};
 use libfuzzer_sys::fuzz_target;
 
-const MAGIC: [&[u8]; 6] = [
+const MAGIC: [&[u8]; 8] = [
     b"\x89PNG\r\n\x1a\n",
     b"RIFF\0\0\0\0WEBP",
     b"BM",
     b"GIF89a",
+    b"II*\0",
+    b"MM\0*",
     b"\xFF\xD8",
     b"",
 ];

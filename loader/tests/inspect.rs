@@ -324,3 +324,26 @@ fn inspect_surveys_a_folder_of_several_kinds() {
     let (code, r) = inspect(&d.join("extra.tar"));
     assert_eq!((code, r["images"].as_u64()), (0, Some(2)), "{r:#}");
 }
+
+/// A valid tiled planar TIFF (tests/fixtures/tiled_planar.tif: 40x24, one
+/// plane a channel, edge tiles padded), on which the tiff crate 0.11
+/// asserts: `wick inspect` names it as bad, saying which layout, and
+/// surveys the rest (it exited 101 with a backtrace).
+#[test]
+fn inspect_survives_a_decoder_that_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    save(rgb(8, 6).into(), &class.join("ok.png"), ImageFormat::Png);
+    let tiff = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/tiled_planar.tif"
+    );
+    std::fs::copy(tiff, class.join("planar.tif")).unwrap();
+    let (code, r) = inspect(dir.path());
+    assert_eq!(code, 1, "a bad file: exit 1\n{r:#}");
+    let bad = r["bad"].as_array().unwrap();
+    assert_eq!(bad.len(), 1, "{r:#}");
+    assert!(bad[0]["key"].as_str().unwrap().ends_with("planar.tif"));
+    assert!(bad[0]["reason"].as_str().unwrap().contains("TIFF"), "{r:#}");
+}

@@ -54,6 +54,11 @@ struct Args {
     /// with integer labels and no ClassLabel names).
     #[arg(long)]
     classes: Option<usize>,
+    /// The class column of Parquet data (Hugging Face datasets name it
+    /// `label`, `labels`, `fine_label`, ...); a dataset without it is an
+    /// error that lists its columns.
+    #[arg(long, default_value = "label")]
+    label_column: String,
     /// Epochs to train.
     #[arg(long, default_value_t = 4)]
     epochs: u64,
@@ -145,7 +150,8 @@ const VAL_SPLITS: [&str; 3] = ["validation", "val", "test"];
 
 /// The train and optional validation sources, and the class count.
 fn datasets(args: &Args) -> Res<(Data, Option<Data>, usize)> {
-    let hub = HubOptions::default();
+    let mut hub = HubOptions::default();
+    hub.parquet.label_column = Some(args.label_column.clone());
     let parquet = |p: Parquet| -> Res<(Data, usize)> {
         let classes = match (p.classes(), args.classes) {
             (_, Some(n)) => n,
@@ -217,7 +223,7 @@ fn datasets(args: &Args) -> Res<(Data, Option<Data>, usize)> {
             if hub_files(path, "train", &hub).is_ok() {
                 return splits(&|split| Parquet::hub(path, split, &hub));
             }
-            let (train, classes) = parquet(Parquet::open(found.paths)?)?;
+            let (train, classes) = parquet(Parquet::open_with(found.paths, hub.parquet.clone())?)?;
             Ok((train, None, classes))
         }
         _ => {
@@ -269,6 +275,9 @@ fn main() -> Res<()> {
     } else {
         Transforms::train()
     };
+    // Every rank resumes from the one checkpoint (its loader state is the
+    // run's, for any world size: an elastic resume), which rank 0 alone
+    // writes, as data-parallel training saves its replicas' one model.
     let resumed = args.resume.as_deref().map(checkpoint::latest).transpose()?;
     let mut train = builder(train_set)
         .transforms(train_tf)
@@ -304,7 +313,11 @@ fn main() -> Res<()> {
             saved.loader.batch
         );
     }
-    let checkpoints = args.checkpoint.clone().or(args.resume.clone());
+    let checkpoints = args
+        .checkpoint
+        .clone()
+        .or(args.resume.clone())
+        .filter(|_| ranks.rank() == 0);
     let mut keys_log = match &args.keys_log {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -352,9 +365,15 @@ fn main() -> Res<()> {
     );
     let mut timeline = plot::Timeline::default();
 
-    let (first_epoch, first_batch) = resumed
-        .as_ref()
-        .map_or((0, 0), |(_, s)| (s.loader.epoch, s.loader.batch));
+    // Where the loader resumes: the state's own point, which an elastic
+    // resume (another world size) moves; `train.epoch(e)` starts there for
+    // the saved epoch.
+    let (first_epoch, first_batch) = if resumed.is_some() {
+        let at = train.state();
+        (at.epoch, at.batch)
+    } else {
+        (0, 0)
+    };
     let mut last_state = None;
     // The step of the last checkpoint this run saved, and its folder.
     let mut last_saved = None;
@@ -363,7 +382,7 @@ fn main() -> Res<()> {
         let (mut loss_sum, mut correct, mut seen) = (0.0f64, 0u64, 0u64);
         let start = Instant::now();
         let first = if epoch == first_epoch { first_batch } else { 0 };
-        let mut batches = train.epoch_from(epoch, first);
+        let mut batches = train.epoch(epoch);
         for _ in first..steps_per_epoch {
             let t0 = Instant::now();
             let Some(batch) = batches.next() else { break };

@@ -250,3 +250,57 @@ fn a_resume_with_other_settings_is_refused_naming_them() {
         "{err}"
     );
 }
+
+/// An elastic resume: 2 ranks (torchrun's variables) train one step each
+/// and stop; only rank 0 writes the checkpoint; one process resumes it
+/// and trains the rest of the epoch. Between them they train on every
+/// sample of the epoch once (the example resumed with `epoch_from(e,
+/// batch)` before, which ignores the resume point the state gives another
+/// world size, and every rank wrote the checkpoint).
+#[test]
+fn a_resume_on_another_world_size_trains_the_rest_of_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let log = dir.path().join(format!("rank{rank}.txt"));
+            let ckpt_dir = ckpt.to_str().unwrap();
+            let mut cmd = example(
+                &data,
+                &log,
+                &["--epochs", "1", "--steps", "1", "--checkpoint", ckpt_dir],
+            );
+            cmd.env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", rank.to_string())
+                .env("LOCAL_WORLD_SIZE", "2");
+            (log, cmd.spawn().unwrap())
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for (log, mut child) in ranks {
+        assert!(child.wait().unwrap().success());
+        seen.extend(keys(&log));
+    }
+    assert_eq!(seen.len(), 16, "one step of 8 on each rank");
+    assert_eq!(saved_step(&ckpt), 1, "rank 0's checkpoint");
+    let rest = dir.path().join("rest.txt");
+    let status = example(
+        &data,
+        &rest,
+        &["--epochs", "1", "--resume", ckpt.to_str().unwrap()],
+    )
+    .status()
+    .unwrap();
+    assert!(status.success());
+    seen.extend(keys(&rest));
+    let mut samples: Vec<String> = seen
+        .iter()
+        .map(|l| l.rsplit('\t').next().unwrap().to_string())
+        .collect();
+    samples.sort();
+    let total = samples.len();
+    samples.dedup();
+    assert_eq!((total, samples.len()), (48, 48), "each of 48 samples once");
+}

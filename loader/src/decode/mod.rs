@@ -140,15 +140,41 @@ pub fn decode_rgb_into(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Siz
     decode_checked(key, bytes, out)
 }
 
-/// [`decode_rgb_into`] once the limits were checked.
+/// [`decode_rgb_into`] once the limits were checked. A decoder that
+/// panics (the `tiff` crate 0.11 asserts on some valid tiled planar TIFFs)
+/// is this file's error, not the worker's or `wick inspect`'s end.
 fn decode_checked(key: &str, bytes: &[u8], out: &mut Vec<u8>) -> Result<Size> {
     if bytes.is_empty() {
         return Err(Error::EmptyFile { key: key.into() });
     }
-    let (w, h) = if bytes.starts_with(&[0xFF, 0xD8]) {
-        decode_jpeg(key, bytes, out)?
-    } else {
-        decode_other(key, bytes, out)?
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if bytes.starts_with(&[0xFF, 0xD8]) {
+            decode_jpeg(key, bytes, out)
+        } else {
+            decode_other(key, bytes, out)
+        }
+    }));
+    let (w, h) = match decoded {
+        Ok(d) => d?,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let tiff = bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*");
+            let what = if tiff {
+                "the TIFF decoder (the tiff crate) failed on this file's layout: some tiled or \
+                 planar (one plane a channel) TIFFs are not decoded; re-save it as \
+                 contiguous strips"
+            } else {
+                "the decoder panicked"
+            };
+            return Err(decode_error(
+                key,
+                std::io::Error::other(format!("{what} ({message})")),
+            ));
+        }
     };
     if w == 0 || h == 0 {
         return Err(Error::Transform {
@@ -354,6 +380,107 @@ mod tests {
             height: h,
         } = decode_rgb_into("t", bytes, &mut out).unwrap();
         (w, h, out)
+    }
+
+    /// A tiled TIFF of one plane a channel (PlanarConfiguration 2),
+    /// `w`x`h` in tiles of 16x16 (those at the edges padded, as TIFF
+    /// stores them), uncompressed: plane `c` holds `value(c, x, y)`.
+    fn tiled_planar_tiff(
+        (w, h): (usize, usize),
+        value: impl Fn(usize, usize, usize) -> u8,
+    ) -> Vec<u8> {
+        let tile = 16usize;
+        let (across, down) = (w.div_ceil(tile), h.div_ceil(tile));
+        let tiles: Vec<Vec<u8>> = (0..3)
+            .flat_map(|c| {
+                let value = &value;
+                (0..across * down).map(move |t| {
+                    let (tx, ty) = ((t % across) * tile, (t / across) * tile);
+                    (0..tile * tile)
+                        .map(|i| value(c, tx + i % tile, ty + i / tile))
+                        .collect()
+                })
+            })
+            .collect();
+        // Header, IFD of 11 entries, then bits, offsets, counts, tiles.
+        let ifd_len = 2 + 11 * 12 + 4;
+        let bits_at = 8 + ifd_len;
+        let offsets_at = bits_at + 6;
+        let counts_at = offsets_at + 4 * tiles.len();
+        let data_at = counts_at + 4 * tiles.len();
+        let mut b = b"II*\0".to_vec();
+        b.extend(8u32.to_le_bytes());
+        b.extend(11u16.to_le_bytes());
+        let mut entry = |tag: u16, ty: u16, count: u32, value: u32| {
+            b.extend(tag.to_le_bytes());
+            b.extend(ty.to_le_bytes());
+            b.extend(count.to_le_bytes());
+            b.extend(value.to_le_bytes());
+        };
+        let (short, long) = (3, 4);
+        entry(256, short, 1, w as u32);
+        entry(257, short, 1, h as u32);
+        entry(258, short, 3, bits_at as u32);
+        entry(259, short, 1, 1);
+        entry(262, short, 1, 2);
+        entry(277, short, 1, 3);
+        entry(284, short, 1, 2);
+        entry(322, short, 1, tile as u32);
+        entry(323, short, 1, tile as u32);
+        entry(324, long, tiles.len() as u32, offsets_at as u32);
+        entry(325, long, tiles.len() as u32, counts_at as u32);
+        b.extend(0u32.to_le_bytes());
+        for _ in 0..3 {
+            b.extend(8u16.to_le_bytes());
+        }
+        for i in 0..tiles.len() {
+            b.extend(((data_at + i * tile * tile) as u32).to_le_bytes());
+        }
+        for t in &tiles {
+            b.extend((t.len() as u32).to_le_bytes());
+        }
+        for t in &tiles {
+            b.extend(t);
+        }
+        b
+    }
+
+    /// A valid tiled planar TIFF: decoded exactly, or refused as this
+    /// file's error saying which layout; never a panic that ends a worker
+    /// or `wick inspect` (the tiff crate 0.11 asserts on it).
+    #[test]
+    fn a_tiled_planar_tiff_is_decoded_or_its_own_error() {
+        let value = |c: usize, x: usize, y: usize| (c * 80 + x * 2 + y) as u8;
+        // The fixture `wick inspect`'s test reads is this file.
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tiled_planar.tif"
+        );
+        if std::env::var_os("WICK_WRITE_FIXTURES").is_some() {
+            std::fs::write(fixture, tiled_planar_tiff((40, 24), value)).unwrap();
+        }
+        assert!(std::fs::read(fixture).unwrap() == tiled_planar_tiff((40, 24), value));
+        for (w, h) in [(32, 32), (40, 24)] {
+            let tiff = tiled_planar_tiff((w, h), value);
+            let mut out = Vec::new();
+            match decode_rgb_into("planar.tif", &tiff, &mut out) {
+                Ok(size) => {
+                    assert_eq!((size.width, size.height), (w, h));
+                    let want: Vec<u8> = (0..w * h)
+                        .flat_map(|i| (0..3).map(move |c| value(c, i % w, i / w)))
+                        .collect();
+                    assert!(out[..want.len()] == want[..], "{w}x{h}: pixels differ");
+                }
+                Err(e) => {
+                    let text = crate::error_chain(&e);
+                    assert!(e.is_sample_error(), "{text}");
+                    assert!(
+                        text.contains("planar.tif") && text.contains("TIFF"),
+                        "{text}"
+                    );
+                }
+            }
+        }
     }
 
     /// A TIFF decodes exactly; an animated GIF gives its first frame, as

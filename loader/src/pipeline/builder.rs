@@ -187,7 +187,8 @@ impl LoaderBuilder {
 
     /// Decode workers. Default [`AUTOTUNE`](crate::AUTOTUNE): start with
     /// one and add workers while the training loop waits for data and
-    /// throughput grows, up to the available cores and within the RAM
+    /// throughput grows, up to the cores this process may use (its CPU
+    /// affinity and its cgroup's quota) over the node's local ranks, within the RAM
     /// budget, giving them back when they buy nothing (so a CPU trainer
     /// keeps its cores). A number fixes the count (`0` is an error from
     /// `build`).
@@ -219,7 +220,12 @@ impl LoaderBuilder {
     /// workers' scratch and the cache. AUTOTUNE never grows past it and the
     /// cache stops filling at it; `build` fails if the explicit settings
     /// cannot fit. [`Stats::memory_peak`](crate::stats::Stats::memory_peak) reports the peak. Default: a
-    /// quarter of the memory available when the loader is built.
+    /// quarter of the memory available when the loader is built (the
+    /// smaller of `MemAvailable` and what the process's cgroup, its
+    /// container, has left under its limit), divided among the node's
+    /// local ranks (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`,
+    /// `MPI_LOCALNRANKS` or `SLURM_NTASKS_PER_NODE`); each loader of a
+    /// rank takes that much.
     ///
     /// Decode scratch is part of it: an image whose decoded pixels exceed
     /// what the budget leaves each decode worker (the budget less the
@@ -580,7 +586,7 @@ impl LoaderBuilder {
             prefetch: auto_prefetch,
         };
         let max_workers = if auto.workers {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            crate::tune::core_ceiling()
         } else {
             workers
         };

@@ -167,8 +167,21 @@ fn jpeg_truncated(bytes: &[u8]) -> bool {
     }
 }
 
-/// Decodes one sample's bytes as the loader does.
+/// Decodes one sample's bytes as the loader does; a panic in any decoder
+/// is that sample's error, and the survey goes on.
 fn inspect_bytes(key: String, bytes: &[u8], from_folder: bool) -> Seen {
+    let k = key.clone();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        inspect_unguarded(key, bytes, from_folder)
+    }))
+    .unwrap_or_else(|_| Seen::Bad {
+        key: k,
+        reason: "a decoder panicked on this file".into(),
+    })
+}
+
+/// [`inspect_bytes`] without the guard.
+fn inspect_unguarded(key: String, bytes: &[u8], from_folder: bool) -> Seen {
     let format = sniff(bytes);
     if from_folder && format.is_none() && named(&key).is_none() {
         return Seen::Ignored { key };
