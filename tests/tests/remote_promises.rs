@@ -343,6 +343,26 @@ fn convert_into_an_earlier_conversion_is_refused_or_replaces_it() {
     // The same through a URL destination.
     let e = convert(&*all, &url(&out), &opts, &|_| {}).unwrap_err();
     assert!(e.to_string().contains("overwrite"), "{e}");
+    // A conversion that fails part way (a file gone after the folder was
+    // listed: its 26th record) leaves none of its shards, locally or
+    // uploaded, rather than a smaller dataset that looks whole.
+    let broken = candle_wick::source::ImageFolder::new(&folder).unwrap();
+    std::fs::remove_file(broken.key(25)).unwrap();
+    for dst in [
+        dir.path().join("failed"),
+        url(dir.path()).join("failed-url"),
+    ] {
+        assert!(convert(&broken, &dst, &opts, &|_| {}).is_err());
+        let local = dst
+            .to_str()
+            .unwrap()
+            .trim_start_matches("file://")
+            .to_string();
+        let left: Vec<_> = std::fs::read_dir(&local)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }
 
 /// A source whose every read fails transiently after 20 ms.

@@ -838,6 +838,44 @@ mod tests {
         assert!(!under("https://host/ab", "https://host/a"));
     }
 
+    /// After a transient failure every read of the store waits, the wait
+    /// doubling with each failure up to 5 s; a success ends it; answers
+    /// about the object (not found, changed) do not count.
+    #[test]
+    fn a_store_backs_off_for_all_its_reads_after_a_failure() {
+        use super::{backoff_note, backoffs, BACKOFF_MOST};
+        let root = "s3://backoff-test";
+        let failed = || -> Result<(), object_store::Error> {
+            Err(object_store::Error::Generic {
+                store: "S3",
+                source: "503 SlowDown".into(),
+            })
+        };
+        let wait = || {
+            let b = crate::lock(backoffs());
+            b.get(root)
+                .and_then(|b| b.until)
+                .map(|u| u.saturating_duration_since(std::time::Instant::now()))
+        };
+        backoff_note(root, &failed());
+        let first = wait().expect("a back-off");
+        backoff_note(root, &failed());
+        let second = wait().expect("a back-off");
+        assert!(second > first, "{second:?} after {first:?}");
+        for _ in 0..20 {
+            backoff_note(root, &failed());
+        }
+        assert!(wait().unwrap() <= BACKOFF_MOST);
+        let not_found = Err::<(), _>(object_store::Error::NotFound {
+            path: "x".into(),
+            source: "gone".into(),
+        });
+        backoff_note(root, &not_found);
+        assert!(wait().is_some(), "a missing object is not the store's load");
+        backoff_note(root, &Ok::<(), object_store::Error>(()));
+        assert_eq!(wait(), None);
+    }
+
     /// The store's `Debug` prints an Azure SAS token (object_store derives
     /// it); an object's does not.
     #[test]
