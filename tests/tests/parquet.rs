@@ -629,6 +629,13 @@ fn remote_read_ahead_crosses_into_the_next_epoch() {
     assert_eq!(fetches(first1), 2);
 }
 
+/// One Hub-layout file of 3 x `per_class` images, 2 a row group, under
+/// `dir` ([`converted`] with `shard_size` rows a file).
+fn one_file(dir: &Path, per_class: usize, shard_size: usize) -> PathBuf {
+    let (_, out) = converted(dir, per_class, 2, shard_size);
+    files(&out.join("data")).remove(0)
+}
+
 /// `file` with its footer rewritten to claim `rows` rows in row group 0
 /// (and in the file): the data pages as they were.
 fn lying_footer(file: &Path, out: &Path, rows: i64) {
@@ -677,8 +684,7 @@ fn lying_footer(file: &Path, out: &Path, rows: i64) {
 #[test]
 fn lying_footers_are_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, out) = converted(dir.path(), 2, 2, 100);
-    let file = files(&out.join("data")).remove(0);
+    let file = one_file(dir.path(), 2, 100);
     let honest = Parquet::open([&file]).unwrap();
     assert_eq!(honest.len(), 6);
     for rows in [-1, 1 << 40, 1 << 20] {
@@ -707,8 +713,7 @@ fn lying_footers_are_errors_naming_the_file() {
 #[test]
 fn the_row_group_cache_is_bounded_in_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, out) = converted(dir.path(), 10, 2, 100);
-    let file = files(&out.join("data")).remove(0);
+    let file = one_file(dir.path(), 10, 100);
     let one = Parquet::open([&file]).unwrap();
     one.read(0).unwrap();
     let group = candle_wick::Source::memory(&one);
@@ -749,8 +754,7 @@ fn the_row_group_cache_is_bounded_in_bytes() {
 #[test]
 fn a_missing_label_column_is_an_error_naming_the_columns() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, out) = converted(dir.path(), 2, 2, 100);
-    let file = files(&out.join("data")).remove(0);
+    let file = one_file(dir.path(), 2, 100);
     let opts = |label: Option<&str>| ParquetOptions {
         label_column: label.map(String::from),
         ..Default::default()
@@ -824,8 +828,7 @@ fn a_resume_reads_ahead_from_its_own_window() {
 fn a_mixture_of_parquet_reads_what_the_member_alone_reads() {
     use candle_wick::source::Mixture;
     let dir = tempfile::tempdir().unwrap();
-    let (_, out) = converted(dir.path(), 40, 2, 1000);
-    let file = files(&out.join("data")).remove(0);
+    let file = one_file(dir.path(), 40, 1000);
     let alone = Parquet::open([&file]).unwrap();
     let before = alone.bytes_read();
     for i in alone.epoch_order(Some(7), 0).unwrap() {

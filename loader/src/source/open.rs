@@ -152,6 +152,22 @@ fn count_images(dir: &Path, cap: usize, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The train split of the Hugging Face dataset at `path` (a folder or a
+/// URL prefix in one of the Hub's layouts), if it is one.
+#[cfg(feature = "parquet")]
+fn hub_train(path: &Path) -> Option<Detected> {
+    let found = super::hub_files(path, "train", &super::HubOptions::default()).ok()?;
+    Some(Detected {
+        kind: DatasetKind::Parquet,
+        paths: found.files,
+        why: format!(
+            "a Hugging Face dataset ({:?} layout): its train split",
+            found.layout
+        ),
+        strays: Vec::new(),
+    })
+}
+
 /// Whether `path` starts with a Megatron index's magic.
 fn is_megatron_index(path: &Path) -> bool {
     let mut magic = [0u8; 9];
@@ -196,18 +212,8 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
                 if kind == DatasetKind::Parquet && paths.len() > 1 {
                     // A Hugging Face dataset under a URL: its train split,
                     // not every split's files.
-                    let opts = super::HubOptions::default();
-                    if let Ok(found) = super::hub_files(path, "train", &opts) {
-                        return Ok(Detected {
-                            paths: found.files,
-                            ..one(
-                                kind,
-                                format!(
-                                    "a Hugging Face dataset ({:?} layout): its train split",
-                                    found.layout
-                                ),
-                            )
-                        });
+                    if let Some(found) = hub_train(path) {
+                        return Ok(found);
                     }
                 }
                 let why = format!("{} file(s) named *{}", paths.len(), suffixes[0]);
@@ -221,18 +227,9 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
         #[cfg(feature = "parquet")]
         if crate::storage::is_url(path) {
             // A Hugging Face dataset's prefix holds its Parquet files in
-            // folders (data/, {config}/{split}/): its train split.
-            if let Ok(found) = super::hub_files(path, "train", &super::HubOptions::default()) {
-                return Ok(Detected {
-                    paths: found.files,
-                    ..one(
-                        DatasetKind::Parquet,
-                        format!(
-                            "a Hugging Face dataset ({:?} layout): its train split",
-                            found.layout
-                        ),
-                    )
-                });
+            // folders (data/, {config}/{split}/).
+            if let Some(found) = hub_train(path) {
+                return Ok(found);
             }
         }
         let megatron = (name.ends_with(".idx") || name.ends_with(".bin"))
@@ -303,19 +300,9 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
     let most_shards = shards.iter().map(|k| k.1.len()).max().unwrap_or(0);
     #[cfg(feature = "parquet")]
     if most_shards == 0 {
-        // A Hugging Face dataset's folder: its train split.
-        let opts = super::HubOptions::default();
-        if let Ok(found) = super::hub_files(path, "train", &opts) {
-            return Ok(Detected {
-                paths: found.files,
-                ..one(
-                    DatasetKind::Parquet,
-                    format!(
-                        "a Hugging Face dataset ({:?} layout): its train split",
-                        found.layout
-                    ),
-                )
-            });
+        // A Hugging Face dataset's folder.
+        if let Some(found) = hub_train(path) {
+            return Ok(found);
         }
     }
     if most_shards == 0 {
