@@ -250,8 +250,8 @@ fn option_error(url: &str, key: &str, e: object_store::Error) -> Error {
     remote_error(url, &format!("unknown object-store option {key:?}"), e)
 }
 
-/// What an open saw of an object, that every later read requires: its
-/// entity tag, else its modification time (a server without tags).
+/// A version of an object: its entity tag, else its modification time (a
+/// server without tags).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub(crate) struct Version {
     e_tag: Option<String>,
@@ -290,7 +290,13 @@ impl Version {
     }
 }
 
-/// One object: its store, path, size and the version its reads require.
+/// One object: its store, path, size, and the version its reads require:
+/// the version its first read got (the bytes an index is built from) is
+/// what every later read asks for (`If-Match`), and a response of another
+/// version is refused too (a server that ignores the condition). Pinned
+/// by the first read rather than the listing, since a listing and the
+/// reads may come from different front ends (an S3 API behind a CDN or a
+/// proxy) whose tags differ for the same bytes.
 #[derive(Clone)]
 pub(crate) struct Object {
     store: Arc<dyn ObjectStore>,
@@ -299,8 +305,9 @@ pub(crate) struct Object {
     path: ObjectPath,
     url: Arc<str>,
     len: u64,
-    version: Version,
-    /// Its name in the local cache: URL, size and version.
+    /// The version its first read got, shared by its clones.
+    pinned: Arc<OnceLock<Version>>,
+    /// Its name in the local cache: URL, size and the listed version.
     key: Arc<str>,
 }
 
@@ -316,22 +323,22 @@ impl std::fmt::Debug for Object {
 }
 
 /// The error for a read of `url` refused because the object is not the
-/// one its open saw.
-fn changed(url: &str, e: object_store::Error) -> Error {
+/// one its first read got.
+fn changed(url: &str, source: crate::error::BoxError) -> Error {
     Error::Remote {
         url: url.to_string(),
         reason: "the object changed since it was opened (its entity tag or time differs): \
                  open the dataset again"
             .into(),
         transient: false,
-        source: Box::new(e),
+        source,
     }
 }
 
 /// [`remote_error`], or [`changed`] for a failed precondition.
 fn read_error(url: &str, what: &str, e: object_store::Error) -> Error {
     match e {
-        object_store::Error::Precondition { .. } => changed(url, e),
+        object_store::Error::Precondition { .. } => changed(url, Box::new(e)),
         e => remote_error(url, what, e),
     }
 }
@@ -358,13 +365,40 @@ impl Object {
             url: url.into(),
             len: size,
             key: version.key(url, size).into(),
-            version,
+            pinned: Arc::default(),
         })
     }
 
     /// The object's size in bytes.
     pub(crate) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// `options` asking for the pinned version, once there is one.
+    fn require(&self, options: GetOptions) -> GetOptions {
+        match self.pinned.get() {
+            Some(v) => v.require(options),
+            None => options,
+        }
+    }
+
+    /// Pins the version of a response (`meta`) if none is yet, else
+    /// refuses one of another version.
+    fn same_version(&self, meta: &object_store::ObjectMeta) -> Result<()> {
+        let got = Version::of(meta);
+        let pinned = self.pinned.get_or_init(|| got.clone());
+        let other = match (&pinned.e_tag, &got.e_tag) {
+            (Some(a), Some(b)) => a != b,
+            (None, None) => pinned.modified != got.modified,
+            _ => false,
+        };
+        if other {
+            return Err(changed(
+                &self.url,
+                format!("{:?} then {:?}", pinned.e_tag, got.e_tag).into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes `range` of the object: from the local cache, else one ranged
@@ -380,19 +414,22 @@ impl Object {
             }
         }
         let (s, p) = (self.store.clone(), self.path.clone());
-        let options = self
-            .version
-            .require(GetOptions::new().with_range(Some(range.clone())));
+        let options = self.require(GetOptions::new().with_range(Some(range.clone())));
         backoff_wait(&self.root);
-        let got = block_on(async move { s.get_opts(&p, options).await?.bytes().await })?;
+        let got = block_on(async move {
+            let r = s.get_opts(&p, options).await?;
+            let meta = r.meta.clone();
+            r.bytes().await.map(|b| (meta, b))
+        })?;
         backoff_note(&self.root, &got);
-        let got = got.map_err(|e| {
+        let (meta, got) = got.map_err(|e| {
             read_error(
                 &self.url,
                 &format!("cannot read bytes {}..{}", range.start, range.end),
                 e,
             )
         })?;
+        self.same_version(&meta)?;
         if got.len() as u64 != range.end - range.start {
             return Err(Error::Remote {
                 url: self.url.to_string(),
@@ -539,11 +576,16 @@ impl Object {
         let mut got = 0u64;
         while got < self.len {
             let before = got;
-            let options = self
-                .version
-                .require(GetOptions::new().with_range(Some(got..self.len)));
+            let options = self.require(GetOptions::new().with_range(Some(got..self.len)));
             let attempt: std::result::Result<(), object_store::Error> = async {
-                let mut stream = store.get_opts(&path, options).await?.into_stream();
+                let response = store.get_opts(&path, options).await?;
+                self.same_version(&response.meta).map_err(|e| {
+                    object_store::Error::Precondition {
+                        path: path.to_string(),
+                        source: Box::new(e),
+                    }
+                })?;
+                let mut stream = response.into_stream();
                 while let Some(chunk) = stream.try_next().await? {
                     got += chunk.len() as u64;
                     if got > self.len {
@@ -632,7 +674,8 @@ async fn write_off_thread(
 /// The whole object `url` in one GET (or from the local cache), refused
 /// before its body is read when the response says it is over `max` bytes:
 /// `Err(size)` then. When a listing just named the object, it is cached
-/// (and read) as the version the listing saw.
+/// under the size and version the listing gave (a rewrite with another is
+/// fetched anew), else under its URL alone.
 pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes, u64>> {
     let cache = super::cache::current();
     let seen = crate::lock(listed()).get(url).cloned();
@@ -645,9 +688,8 @@ pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes
         }
     }
     let (store, path) = store(url)?;
-    let options = seen.map_or_else(GetOptions::new, |(_, v)| v.require(GetOptions::new()));
     let got = block_on(async move {
-        let got = store.get_opts(&path, options).await?;
+        let got = store.get_opts(&path, GetOptions::new()).await?;
         if got.meta.size > max {
             return Ok(Err(got.meta.size));
         }
@@ -838,6 +880,29 @@ mod tests {
         assert!(!under("https://host/ab", "https://host/a"));
     }
 
+    /// A listing's entity tag may not be the reads' (an S3 API listed, its
+    /// objects served by a proxy or CDN: the bench's nginx in front of
+    /// s3rver): the first read's version is the one later reads require,
+    /// and a rewrite after it is refused.
+    #[test]
+    fn reads_require_the_version_their_first_read_got() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.bin");
+        std::fs::write(&path, [1u8; 4096]).unwrap();
+        let url = format!("file://{}", path.display());
+        let listed_as = super::Version {
+            e_tag: Some("\"a-tag-another-server-gave\"".into()),
+            modified: None,
+        };
+        crate::lock(super::listed()).insert(url.clone(), (4096, listed_as));
+        let o = super::Object::open(&url).unwrap();
+        assert_eq!(o.get_range(0..10).unwrap().len(), 10);
+        assert_eq!(o.get_range(100..200).unwrap().len(), 100);
+        std::fs::write(&path, [2u8; 4096]).unwrap();
+        let e = o.get_range(0..10).unwrap_err();
+        assert!(e.to_string().contains("changed"), "{e}");
+    }
+
     /// After a transient failure every read of the store waits, the wait
     /// doubling with each failure up to 5 s; a success ends it; answers
     /// about the object (not found, changed) do not count.
@@ -898,7 +963,7 @@ mod tests {
             path,
             url: "az://wickdebug/x.parquet".into(),
             len: 1,
-            version: super::Version::default(),
+            pinned: Default::default(),
             key: "k".into(),
         };
         let shown = format!("{o:?} {:?}", crate::storage::Blob::Remote(o.clone()));
