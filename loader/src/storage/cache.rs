@@ -188,8 +188,8 @@ impl ObjectCache {
         })
     }
 
-    /// Bytes `range` of the object `key`, if it is cached.
-    pub(crate) fn read(&self, key: &str, range: std::ops::Range<u64>) -> Option<Bytes> {
+    /// Bytes `range` of the object `key` (`len` bytes), if it is cached.
+    pub(crate) fn read(&self, key: &str, len: u64, range: std::ops::Range<u64>) -> Option<Bytes> {
         {
             let mut m = crate::lock(&self.mem);
             m.tick += 1;
@@ -200,14 +200,15 @@ impl ObjectCache {
                 return (end <= bytes.len()).then(|| bytes.slice(start..end));
             }
         }
-        let (path, file) = self.on_disk(key)?;
+        let (path, file) = self.on_disk(key, Some(len))?;
         let mut buf = vec![0; (range.end - range.start) as usize];
         crate::source::read_exact_at(&file, &path, range.start, &mut buf).ok()?;
         Some(buf.into())
     }
 
-    /// The whole object `key`, if it is cached.
-    pub(crate) fn whole(&self, key: &str) -> Option<Bytes> {
+    /// The whole object `key`, if it is cached (and of `len` bytes, when
+    /// that is known).
+    pub(crate) fn whole(&self, key: &str, len: Option<u64>) -> Option<Bytes> {
         {
             let mut m = crate::lock(&self.mem);
             m.tick += 1;
@@ -217,7 +218,7 @@ impl ObjectCache {
                 return Some(bytes.clone());
             }
         }
-        let (_, mut file) = self.on_disk(key)?;
+        let (_, mut file) = self.on_disk(key, len)?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut file, &mut bytes).ok()?;
         let bytes: Bytes = bytes.into();
@@ -227,15 +228,18 @@ impl ObjectCache {
 
     /// The file of `key`, open, if the directory holds it whole (its use
     /// stamped on it for the other processes); a file gone or of another
-    /// size (deleted or cut by someone else) is forgotten, a miss.
-    fn on_disk(&self, key: &str) -> Option<(PathBuf, File)> {
+    /// size than it was written with or than the object's `len` (deleted
+    /// or cut by someone else, or short after a crash before this process
+    /// started) is forgotten, a miss.
+    fn on_disk(&self, key: &str, len: Option<u64>) -> Option<(PathBuf, File)> {
         let mut d = crate::lock(self.disk.as_ref()?);
         let name = file_name(key);
         let path = d.dir.join(&name);
         let known = *d.map.get(&name)?;
-        let opened = File::open(&path)
-            .ok()
-            .filter(|f| f.metadata().is_ok_and(|m| m.len() == known.size));
+        let opened = File::open(&path).ok().filter(|f| {
+            f.metadata()
+                .is_ok_and(|m| m.len() == known.size && len.is_none_or(|len| len == m.len()))
+        });
         let Some(file) = opened else {
             d.map.remove(&name);
             d.bytes -= known.size;
@@ -340,7 +344,7 @@ impl ObjectCache {
         len: u64,
         fetch: impl FnOnce(&Path) -> crate::Result<()>,
     ) -> Option<crate::Result<File>> {
-        if let Some((_, file)) = self.on_disk(key) {
+        if let Some((_, file)) = self.on_disk(key, Some(len)) {
             return Some(Ok(file));
         }
         let tmp = self.download_path(key, len)?;
@@ -545,14 +549,14 @@ mod tests {
         c.store("a", &obj(1));
         c.store("b", &obj(2));
         c.store("c", &obj(3));
-        assert_eq!(c.read("a", 10..12).as_deref(), Some(&[1, 1][..]));
+        assert_eq!(c.read("a", 100, 10..12).as_deref(), Some(&[1, 1][..]));
         c.store("d", &obj(4));
         c.store("e", &obj(5)); // evicts b, the least recently used
-        assert!(c.whole("b").is_none());
-        assert_eq!(c.whole("a").unwrap()[0], 1);
+        assert!(c.whole("b", None).is_none());
+        assert_eq!(c.whole("a", None).unwrap()[0], 1);
         assert_eq!(crate::lock(&c.mem).bytes, 400);
         c.store("big", &Bytes::from(vec![0; 101])); // over a quarter
-        assert!(c.whole("big").is_none());
+        assert!(c.whole("big", None).is_none());
         assert!(
             c.want("big", 101).is_none(),
             "too big to download into memory"
@@ -561,7 +565,7 @@ mod tests {
         assert!(c.want("f", 100).is_none(), "already downloading");
         assert_eq!(memory_of(&c), 500, "the download counts");
         c.downloaded(f, Some(obj(6)));
-        assert_eq!(c.read("f", 0..1).as_deref(), Some(&[6][..]));
+        assert_eq!(c.read("f", 100, 0..1).as_deref(), Some(&[6][..]));
         assert_eq!(crate::lock(&c.mem).pending, 0);
     }
 
@@ -573,28 +577,59 @@ mod tests {
             let c = cache(0, Some((&dir, 250)));
             c.store("s3://b/x", &Bytes::from(vec![7; 100]));
             c.store("s3://b/y", &Bytes::from(vec![8; 100]));
-            assert_eq!(c.read("s3://b/x", 98..100).as_deref(), Some(&[7, 7][..]));
+            assert_eq!(
+                c.read("s3://b/x", 100, 98..100).as_deref(),
+                Some(&[7, 7][..])
+            );
         }
         // A new cache (a restart) reads the files; a third object evicts
         // the least recently used.
         let c = cache(0, Some((&dir, 250)));
-        assert_eq!(c.whole("s3://b/y").unwrap().len(), 100);
+        assert_eq!(c.whole("s3://b/y", None).unwrap().len(), 100);
         let z = c.want("s3://b/z", 100).unwrap();
         std::fs::write(z.file.as_ref().unwrap(), [9; 100]).unwrap();
         c.downloaded(z, Some(Bytes::from(vec![9; 100])));
         let failed = c.want("s3://b/w", 100).unwrap();
         std::fs::write(failed.file.as_ref().unwrap(), [1; 10]).unwrap();
         c.downloaded(failed, None);
-        assert!(c.whole("s3://b/w").is_none());
-        assert!(c.whole("s3://b/z").is_some());
+        assert!(c.whole("s3://b/w", None).is_none());
+        assert!(c.whole("s3://b/z", None).is_some());
         let on_disk: u64 = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert!(on_disk <= 250, "{on_disk} bytes on disk");
         assert_eq!(crate::lock(c.disk.as_ref().unwrap()).map.len(), 2);
-        assert!(c.whole("s3://b/y").is_some(), "y was used last");
+        assert!(c.whole("s3://b/y", None).is_some(), "y was used last");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file cut short while no process held it (a crash on a disk that
+    /// lost what was not yet written) is a miss once the object's size is
+    /// known, not short bytes served as the object.
+    #[test]
+    fn a_file_cut_before_a_restart_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(0, Some((dir.path(), 1000)));
+        c.store("s3://b/x", &Bytes::from(vec![7; 100]));
+        drop(c);
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let f = File::options().write(true).open(e.unwrap().path()).unwrap();
+            f.set_len(60).unwrap();
+        }
+        let c = cache(0, Some((dir.path(), 1000)));
+        assert!(c.whole("s3://b/x", Some(100)).is_none());
+        assert!(c.read("s3://b/x", 100, 0..10).is_none());
+        let fetch = |to: &Path| {
+            std::fs::write(to, [8; 100]).map_err(|source| crate::Error::Io {
+                path: to.into(),
+                source,
+            })
+        };
+        let mut got = Vec::new();
+        let file = c.file("s3://b/x", 100, fetch).unwrap().unwrap();
+        std::io::Read::read_to_end(&mut &file, &mut got).unwrap();
+        assert_eq!(got, vec![8; 100], "fetched again, whole");
     }
 
     fn disk_of(c: &ObjectCache) -> std::sync::MutexGuard<'_, Disk> {
@@ -616,8 +651,8 @@ mod tests {
         drop(d);
         let on_disk = std::fs::read_dir(dir.path()).unwrap().count();
         assert!((900..=1000).contains(&on_disk), "{on_disk} files");
-        assert!(c.whole("s3://b/2999").is_some(), "the newest is kept");
-        assert!(c.whole("s3://b/0").is_none(), "the oldest went");
+        assert!(c.whole("s3://b/2999", None).is_some(), "the newest is kept");
+        assert!(c.whole("s3://b/0", None).is_none(), "the oldest went");
     }
 
     /// Two processes (two caches) on one directory: each one's files in
@@ -636,8 +671,8 @@ mod tests {
         b.store("b/hot", &obj);
         for i in 0..40 {
             // Each keeps using its hot file while both write cold ones.
-            assert!(a.whole("a/hot").is_some(), "a's hot file, round {i}");
-            assert!(b.whole("b/hot").is_some(), "b's hot file, round {i}");
+            assert!(a.whole("a/hot", None).is_some(), "a's hot file, round {i}");
+            assert!(b.whole("b/hot", None).is_some(), "b's hot file, round {i}");
             a.store(&format!("a/cold{i}"), &obj);
             b.store(&format!("b/cold{i}"), &obj);
         }
@@ -676,6 +711,6 @@ mod tests {
             })
         };
         drop(c.file("short", 50, short).unwrap());
-        assert!(c.whole("short").is_none());
+        assert!(c.whole("short", None).is_none());
     }
 }

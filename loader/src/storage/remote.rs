@@ -406,7 +406,7 @@ impl Object {
     /// for the cache in the background, when one is set and fits it).
     pub(crate) fn get_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
         if let Some(cache) = super::cache::current() {
-            if let Some(got) = cache.read(&self.key, range.clone()) {
+            if let Some(got) = cache.read(&self.key, self.len, range.clone()) {
                 return Ok(got);
             }
             if let Some(download) = cache.want(&self.key, self.len) {
@@ -682,7 +682,8 @@ pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes
     let key = seen
         .as_ref()
         .map_or_else(|| url.to_string(), |(size, v)| v.key(url, *size));
-    if let Some(got) = cache.as_ref().and_then(|c| c.whole(&key)) {
+    let len = seen.as_ref().map(|(size, _)| *size);
+    if let Some(got) = cache.as_ref().and_then(|c| c.whole(&key, len)) {
         if got.len() as u64 <= max {
             return Ok(Ok(got));
         }
