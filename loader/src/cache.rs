@@ -3,9 +3,10 @@
 //! for decoded samples, the decode). Augmentation runs after the cache, so
 //! every epoch still draws new crops.
 
+use crate::contract::Record;
 use crate::error::{Error, Result};
 use crate::geometry::Size;
-use crate::source::{read_exact_at, Record};
+use crate::storage::local::read_exact_at;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -175,7 +176,7 @@ impl Cache {
                 Payload::Memory(r.bytes.clone().into_boxed_slice())
             }
             Some(d) => {
-                let mut w = crate::lock(&d.writer);
+                let mut w = crate::sync::lock(&d.writer);
                 let offset = w.1;
                 if w.0.write_all(&r.bytes).and_then(|()| w.0.flush()).is_err() {
                     // A full or failing disk: stop caching, keep reading the source.

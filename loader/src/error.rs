@@ -268,6 +268,54 @@ pub enum Error {
 /// `Result` with wick's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What is wrong with a shard at some offset: a description, and the
+/// parser's or decompressor's error when there is one (kept as the
+/// [`Error::Shard`]'s source, never flattened into the text).
+#[derive(Debug)]
+pub(crate) struct Cause {
+    pub(crate) reason: String,
+    pub(crate) source: Option<BoxError>,
+}
+
+impl Cause {
+    /// `reason`, caused by `source`.
+    pub(crate) fn new(
+        reason: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            reason: reason.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(reason: String) -> Self {
+        Self {
+            reason,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(reason: &str) -> Self {
+        reason.to_string().into()
+    }
+}
+
+/// The error for damage at `offset` of `path`.
+pub(crate) fn shard_error(path: &std::path::Path, offset: u64, cause: impl Into<Cause>) -> Error {
+    let Cause { reason, source } = cause.into();
+    Error::Shard {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+        source,
+    }
+}
+
 impl Error {
     /// A sample's error, as a [`Map`](crate::map::Map) reports one: an
     /// [`Error::Transform`] naming the sample's `key` and the `reason`.

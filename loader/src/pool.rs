@@ -83,7 +83,7 @@ impl<B> Pool<B> {
     fn lock(&self) -> MutexGuard<'_, State<B>> {
         // The state stays consistent under a panic (two plain updates), so a
         // poisoned lock is still usable.
-        crate::lock(&self.state)
+        crate::sync::lock(&self.state)
     }
 
     /// Takes a buffer, blocking while all are out. Returns `None` once
@@ -129,7 +129,7 @@ impl<B> Pool<B> {
                 return Some(buf);
             }
             wait?;
-            st = crate::wait_counted(&self.cv, st, |s| &mut s.waiting);
+            st = crate::sync::wait_counted(&self.cv, st, |s| &mut s.waiting);
         }
     }
 

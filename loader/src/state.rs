@@ -238,7 +238,7 @@ impl Position {
 
 /// A checksum of a source's shard table: each shard's file name, first
 /// record and record count (0 for a source without shards).
-pub(crate) fn shard_table(source: &dyn crate::Source) -> u32 {
+pub(crate) fn shard_table(source: &dyn crate::contract::Source) -> u32 {
     let mut text = String::new();
     for shard in source.shards() {
         let name = shard.path.file_name().unwrap_or(shard.path.as_os_str());
@@ -260,9 +260,9 @@ impl LoaderState {
     /// Refuses a state of another format version or another identity than
     /// `identity`'s, naming every difference. The world size may differ
     /// where the position allows it (module docs).
-    pub(crate) fn check(&self, identity: &Identity) -> crate::Result<()> {
+    pub(crate) fn check(&self, identity: &Identity) -> crate::error::Result<()> {
         if self.version != STATE_VERSION {
-            return Err(crate::Error::StateMismatch {
+            return Err(crate::error::Error::StateMismatch {
                 differences: vec![format!(
                     "format version: the state has {}, this build reads {STATE_VERSION}",
                     self.version
@@ -285,7 +285,7 @@ impl LoaderState {
         if differences.is_empty() {
             Ok(())
         } else {
-            Err(crate::Error::StateMismatch { differences })
+            Err(crate::error::Error::StateMismatch { differences })
         }
     }
 }
@@ -333,7 +333,8 @@ mod tests {
             world_size: 2,
             ..identity()
         };
-        let crate::Error::StateMismatch { differences } = state.check(&other).unwrap_err() else {
+        let crate::error::Error::StateMismatch { differences } = state.check(&other).unwrap_err()
+        else {
             panic!("not a mismatch")
         };
         // Random access resumes on any world size.

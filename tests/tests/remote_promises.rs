@@ -380,7 +380,7 @@ impl Source for Flaky {
             source: std::io::Error::from(std::io::ErrorKind::TimedOut),
         })
     }
-    fn is_remote(&self) -> bool {
+    fn wants_read_ahead(&self) -> bool {
         true
     }
 }

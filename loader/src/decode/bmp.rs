@@ -137,7 +137,7 @@ mod tests {
     /// The two rows as 8-bit indices, bottom-up (each 4 bytes: no padding).
     const ROWS_BOTTOM_UP: [u8; 8] = [1, 0, 0, 0, 0, 0, 1, 1];
 
-    fn decode(b: &[u8]) -> crate::Result<Vec<u8>> {
+    fn decode(b: &[u8]) -> crate::error::Result<Vec<u8>> {
         let mut px = Vec::new();
         let size = decode_rgb_into("t.bmp", b, &mut px)?;
         assert_eq!((size.width, size.height), (4, 2));

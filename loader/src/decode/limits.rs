@@ -52,7 +52,7 @@ impl Limits {
     /// The image's size from its header, refused when it passes a limit.
     /// A header the probe cannot read passes: the decoder then fails with
     /// its own error naming what is wrong.
-    pub(crate) fn check(&self, key: &str, bytes: &[u8]) -> crate::Result<()> {
+    pub(crate) fn check(&self, key: &str, bytes: &[u8]) -> crate::error::Result<()> {
         let Some((width, height)) = dimensions(bytes) else {
             return Ok(());
         };
@@ -68,7 +68,7 @@ impl Limits {
         } else {
             return Ok(());
         };
-        Err(crate::Error::ImageTooLarge {
+        Err(crate::error::Error::ImageTooLarge {
             key: key.into(),
             width,
             height,
@@ -88,7 +88,7 @@ impl Limits {
         }
         let (width, height) = dimensions(bytes)?;
         let decoded = u64::from(width) * u64::from(height) * 3;
-        (decoded > self.max_bytes).then(|| crate::lock(&OVERSIZE))
+        (decoded > self.max_bytes).then(|| crate::sync::lock(&OVERSIZE))
     }
 }
 

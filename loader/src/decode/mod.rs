@@ -472,7 +472,7 @@ mod tests {
                     assert!(out[..want.len()] == want[..], "{w}x{h}: pixels differ");
                 }
                 Err(e) => {
-                    let text = crate::error_chain(&e);
+                    let text = crate::error::error_chain(&e);
                     assert!(e.is_sample_error(), "{text}");
                     assert!(
                         text.contains("planar.tif") && text.contains("TIFF"),

@@ -234,7 +234,7 @@ pub(crate) mod cuda {
         static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
         let ctx = dev.cuda_stream().context().clone();
         let key = ctx.cu_ctx() as usize;
-        let mut modules = crate::lock(&MODULES);
+        let mut modules = crate::sync::lock(&MODULES);
         let module = match modules.iter().find(|(k, _)| *k == key) {
             Some((_, m)) => m.clone(),
             None => {

@@ -60,10 +60,10 @@ mod tokens;
 pub use image::ImageClassification;
 pub use tokens::TokenWindowsMap;
 
+use crate::contract::{Parts, Record};
 use crate::error::{Error, Result};
 use crate::fields::{Element, Field, FieldLayout, FieldType};
 use crate::rng::{keyed_rng, Purpose};
-use crate::source::{Parts, Record};
 use crate::stats::SampleTimes;
 use crate::transform::Scratch;
 

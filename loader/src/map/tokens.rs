@@ -2,9 +2,10 @@
 //! token file straight into the batch's slot.
 
 use super::{Map, Sample};
+use crate::contract::{Parts, Value};
 use crate::error::{Error, Result};
 use crate::fields::{Field, FieldType, View};
-use crate::source::{DocumentWindows, Megatron, Parts, TokenSource, Value};
+use crate::formats::tokens::{DocumentWindows, Megatron, TokenSource};
 
 /// Writes field `tokens` (`u32 [seq_len + 1]`) of a token window, widened
 /// from the file's type; the batch gives `input` (tokens `0..seq_len`) and

@@ -1,8 +1,8 @@
 //! The order of an epoch: shuffling, sharding across ranks, batching, resume.
 
+use crate::contract::Source;
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
-use crate::source::Source;
 use rand::seq::SliceRandom;
 
 /// What an epoch does with the samples that do not fill a batch on every
@@ -53,7 +53,7 @@ impl Remainder {
 ///
 /// - **Order**: the source order, or (with a seed) a permutation drawn from
 ///   `(seed, epoch)`: different every epoch, the same on every run and rank.
-///   A source that orders its own epochs ([`Source::epoch_order`], a
+///   A source that orders its own epochs ([`Source::begin_epoch`], a
 ///   [`Mixture`](crate::source::Mixture)) gives the order instead; with a
 ///   seed, each stretch (all ranks' batch `k`) is then shuffled within
 ///   itself, so ranks get fair shares of it while every stretch keeps the
@@ -73,7 +73,7 @@ impl Remainder {
 ///   yields.
 #[derive(Debug, Clone)]
 pub(crate) struct Sampler {
-    /// The source, when it orders its own epochs ([`Source::epoch_order`]).
+    /// The source, when it orders its own epochs ([`Source::begin_epoch`]).
     ordered_by: Option<std::sync::Arc<dyn Source>>,
     len: usize,
     batch_size: usize,
@@ -222,10 +222,10 @@ impl Sampler {
     }
 
     /// This sampler, taking each epoch's order from `source` when it
-    /// gives one ([`Source::epoch_order`]); an error when epoch 0's order
+    /// gives one ([`Source::begin_epoch`]); an error when epoch 0's order
     /// is not `len` indices below `len`.
     pub(crate) fn ordered_by(mut self, source: std::sync::Arc<dyn Source>) -> Result<Self> {
-        if let Some(order) = source.epoch_order(self.seed, 0) {
+        if let Some(order) = source.begin_epoch(self.seed, 0) {
             if order.len() != self.len || order.iter().any(|&i| i >= self.len) {
                 return Err(Error::InvalidConfig(format!(
                     "the source's epoch order has {} indices (up to {:?}); it must give {} \
@@ -248,7 +248,7 @@ impl Sampler {
         if let Some(mut order) = self
             .ordered_by
             .as_ref()
-            .and_then(|s| s.epoch_order(self.seed, epoch))
+            .and_then(|s| s.begin_epoch(self.seed, epoch))
         {
             if order.is_empty() {
                 order.push(0);

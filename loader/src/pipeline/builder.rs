@@ -5,6 +5,7 @@ use super::fill::BadSamples;
 use super::loader::{Loader, Order};
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
+use crate::contract::Source;
 use crate::device::{Finish, Guards};
 use crate::error::{Error, Result};
 use crate::fields::Schema;
@@ -15,8 +16,7 @@ use crate::order::ranks::Ranks;
 use crate::order::sampler::{Remainder, Sampler};
 use crate::order::stream::{Interleave, StreamPlanner};
 use crate::pool::Pool;
-use crate::source::readahead::{ReadAhead, MAX_DEPTH};
-use crate::source::Source;
+use crate::read::ahead::{ReadAhead, MAX_DEPTH};
 use crate::state::{shard_table, Identity, LoaderState, Position};
 use crate::stats::trace::Trace;
 use crate::stats::Counters;
@@ -423,7 +423,7 @@ impl LoaderBuilder {
     /// test can show that it catches the guard's absence. Batches may then
     /// be wrong: never use it outside such a test.
     #[doc(hidden)]
-    pub fn __without_guard(mut self, guard: crate::__test::Guard) -> Self {
+    pub fn __without_guard(mut self, guard: crate::device::ring::Guard) -> Self {
         self.guards = Guards { skip: Some(guard) };
         self
     }
@@ -631,7 +631,7 @@ impl LoaderBuilder {
         }
         let parts = Arc::new(map.parts());
         // A remote source's records are read ahead of the workers.
-        let readahead = self.source.is_remote().then(|| {
+        let readahead = self.source.wants_read_ahead().then(|| {
             let source = self.source.clone();
             ReadAhead::new(
                 source,

@@ -49,7 +49,7 @@ fn loader(n: u32, batch: usize, map: impl crate::map::Map) -> Loader {
 }
 
 fn force(l: &Loader, direct: bool) {
-    *crate::lock(&l.shared.force_direct) = Some(direct);
+    *crate::sync::lock(&l.shared.force_direct) = Some(direct);
 }
 
 #[test]
@@ -82,9 +82,9 @@ fn a_forgotten_feeder_epoch_does_not_starve_the_next_direct_epoch() {
         std::mem::forget(e0);
         force(&l, true);
         let e1 = l.epoch(1);
-        while !crate::lock(&shared.direct)
+        while !crate::sync::lock(&shared.direct)
             .as_ref()
-            .is_some_and(|i| i.gen == 2 && crate::lock(&i.state).handed)
+            .is_some_and(|i| i.gen == 2 && crate::sync::lock(&i.state).handed)
         {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -128,7 +128,7 @@ fn an_epoch_ended_by_a_failure_closes_its_channel_when_drained_by_the_consumer()
     ));
     {
         // Three batches claimed by stand-in pumps.
-        let mut st = crate::lock(&inbox.state);
+        let mut st = crate::sync::lock(&inbox.state);
         st.next = 3;
         st.pumps = inbox.most;
     }
@@ -143,13 +143,13 @@ fn an_epoch_ended_by_a_failure_closes_its_channel_when_drained_by_the_consumer()
     inbox.push(&shared, 2, entry("b2")); // held: 1 is not there yet
     inbox.end_with(&shared, 1, err("b1")); // the end is 2 now; no room: held
     for _ in 0..inbox.most {
-        inbox.pump_done(crate::lock(&inbox.state));
+        inbox.pump_done(crate::sync::lock(&inbox.state));
     }
     let feeder = {
         let (i, s) = (inbox.clone(), shared.clone());
         std::thread::spawn(move || i.finish(&s))
     };
-    while !crate::lock(&inbox.state).waiting {
+    while !crate::sync::lock(&inbox.state).waiting {
         std::thread::sleep(Duration::from_millis(1));
     }
     let _ = rx.recv().unwrap();
@@ -268,8 +268,8 @@ fn rayon_across_threads(direct: bool, ready: fn(&Shared) -> bool) -> Result<usiz
 fn a_map_using_rayon_across_threads_under_a_low_gate_does_not_deadlock_the_pumps() {
     // A pump alone, with the next batch waiting for room.
     let ready = |shared: &Shared| {
-        crate::lock(&shared.direct).as_ref().is_some_and(|i| {
-            let st = crate::lock(&i.state);
+        crate::sync::lock(&shared.direct).as_ref().is_some_and(|i| {
+            let st = crate::sync::lock(&i.state);
             st.pumps == 1 && st.handed && st.order.peek().is_some()
         })
     };

@@ -210,7 +210,7 @@ impl Iterator for Epoch<'_> {
                 // On the direct hand-over a worker runs a whole batch on a
                 // buffer of its own: workers past the batches in flight idle.
                 // Asked only when a window closes.
-                let direct = || crate::lock(&shared.direct).is_some();
+                let direct = || crate::sync::lock(&shared.direct).is_some();
                 shared
                     .tuner
                     .on_batch(&shared.knobs, &shared.counters, (cache, &direct), &|n| {

@@ -5,10 +5,10 @@
 use super::epoch::Pending;
 use super::fill::{split, Filling, Handoff, SlotTable};
 use super::{caught, Acks, Filled, Msg, Shared};
+use crate::contract::Record;
 use crate::error::{Error, Result};
 use crate::order::sampler::Plan;
-use crate::order::stream::Streamed;
-use crate::source::Record;
+use crate::read::stream::Streamed;
 use crate::stats::trace::LANE_FEED;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};

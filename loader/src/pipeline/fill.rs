@@ -144,7 +144,7 @@ impl SlotTable {
         if self.left.load(Ordering::Acquire) != 0 {
             return None;
         }
-        crate::lock(&self.buf).take()
+        crate::sync::lock(&self.buf).take()
     }
 }
 
@@ -353,7 +353,7 @@ impl Filling {
                     let hint = || map.prefetch(self.shared.seed, self.epoch, next);
                     let _ = catch_unwind(AssertUnwindSafe(hint));
                 }
-                let pre = self.pre.get(j).and_then(|p| crate::lock(p).take());
+                let pre = self.pre.get(j).and_then(|p| crate::sync::lock(p).take());
                 let shared = &self.shared;
                 // `process` catches the sample's own panics; this catches
                 // the rest, so every claim is released and the batch
@@ -376,7 +376,7 @@ impl Filling {
                         message: panic_message(payload.as_ref()),
                     },
                 });
-                *crate::lock(&self.outcomes[j]) = Some(outcome);
+                *crate::sync::lock(&self.outcomes[j]) = Some(outcome);
             }
             drop(claims);
             worker.count();
@@ -433,7 +433,7 @@ impl Filling {
         // one that fails it.
         if let Some(q) = &shared.quarantine {
             for (outcome, &source_index) in self.outcomes.iter().zip(indices) {
-                if let Some(Outcome::Failed { key, error }) = &*crate::lock(outcome) {
+                if let Some(Outcome::Failed { key, error }) = &*crate::sync::lock(outcome) {
                     q.log(key, self.epoch, source_index, error);
                 }
             }
@@ -445,7 +445,10 @@ impl Filling {
             skipped: Vec::new(),
         };
         for (slot, (outcome, &source_index)) in self.outcomes.iter().zip(indices).enumerate() {
-            match crate::lock(outcome).take().unwrap_or(Outcome::Cancelled) {
+            match crate::sync::lock(outcome)
+                .take()
+                .unwrap_or(Outcome::Cancelled)
+            {
                 Outcome::Ok { key } => {
                     let kept = batch.keys.len();
                     if kept != slot {

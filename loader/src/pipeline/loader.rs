@@ -6,10 +6,11 @@ use super::epoch::Epoch;
 use super::feed::{feed, EpochCmd, RecordIter};
 use super::upload::upload_loop;
 use super::{AckOnExit, Acks, Msg, Shared};
+use crate::contract::Source;
 use crate::error::{Error, Result};
 use crate::order::sampler::{Plan, Sampler};
 use crate::order::stream::StreamPlanner;
-use crate::source::{Retry, Source};
+use crate::read::retry::Retry;
 use crate::state::{shard_table, LoaderState, Position};
 use crate::stats::trace::Trace;
 use crate::stats::Stats;
@@ -129,10 +130,10 @@ impl Loader {
                     .name(format!("wick-decode-{}", thread.index()))
                     .spawn(|| {
                         // Token files' guard needs SIGBUS deliverable here.
-                        crate::source::mapguard::unblock();
+                        crate::storage::mmap::unblock();
                         thread.run()
                     })?;
-                crate::lock(&spawned).push(handle);
+                crate::sync::lock(&spawned).push(handle);
                 Ok(())
             })
             .build()
@@ -276,7 +277,8 @@ impl Loader {
                     cancel: cancel.clone(),
                     on_retry: Arc::new(move || shared.counters.read_retried()),
                 };
-                Some(RecordIter(Box::new(s.records(
+                Some(RecordIter(Box::new(crate::read::stream::records(
+                    s,
                     epoch,
                     self.shared.source.clone(),
                     self.shared.parts.clone(),
@@ -442,7 +444,7 @@ impl Drop for Loader {
         // The feeder held the other reference to the pool; dropping the
         // last one tells its threads to exit once idle.
         self.decode_pool.take();
-        let handles = std::mem::take(&mut *crate::lock(&self.decode_threads));
+        let handles = std::mem::take(&mut *crate::sync::lock(&self.decode_threads));
         for t in handles {
             let _ = t.join();
         }

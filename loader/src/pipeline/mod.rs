@@ -67,16 +67,16 @@ pub use fill::BadSamples;
 pub use loader::Loader;
 
 use crate::cache::Cache;
+use crate::contract::{Parts, Source};
 use crate::device::HostBuf;
 use crate::device::Uploader;
 use crate::error::{Error, Result};
 use crate::fields::Schema;
-use crate::lock;
 use crate::map::Map;
 use crate::pool::Pool;
-use crate::source::{Parts, Source};
 use crate::stats::trace::Trace;
 use crate::stats::Counters;
+use crate::sync::lock;
 use crate::transform::ImageTransform;
 use crate::tune::{Knobs, Tuner};
 use candle_core::Device;
@@ -119,8 +119,8 @@ struct Shared {
     /// Where bad samples are listed (`bad_samples_log`).
     quarantine: Option<quarantine::Quarantine>,
     /// Reads a remote source's records ahead of the workers
-    /// ([`ReadAhead`](crate::source::readahead::ReadAhead)).
-    readahead: Option<Arc<crate::source::readahead::ReadAhead>>,
+    /// ([`ReadAhead`](crate::read::ahead::ReadAhead)).
+    readahead: Option<Arc<crate::read::ahead::ReadAhead>>,
     /// The inbox of the running direct epoch, if any ([`direct`]).
     direct: Mutex<Option<Arc<direct::Inbox>>>,
     /// Tests choose the path: direct always, never, or by cost (`None`).
@@ -178,7 +178,7 @@ struct Room {
 
 impl Room {
     fn notify(&self) {
-        if *crate::lock(&self.lock) > 0 {
+        if *crate::sync::lock(&self.lock) > 0 {
             self.cv.notify_all();
         }
     }
@@ -190,9 +190,9 @@ impl Room {
     /// from dropping the epoch, starting the next one over a forgotten one,
     /// or dropping the loader).
     fn wait_while(&self, mut full: impl FnMut() -> bool) {
-        let mut guard = crate::lock(&self.lock);
+        let mut guard = crate::sync::lock(&self.lock);
         while full() {
-            guard = crate::wait_counted(&self.cv, guard, |n| n);
+            guard = crate::sync::wait_counted(&self.cv, guard, |n| n);
         }
     }
 }
@@ -252,14 +252,14 @@ struct Acks {
 
 impl Acks {
     fn ack(&self, gen: u64) {
-        let mut done = crate::lock(&self.done);
+        let mut done = crate::sync::lock(&self.done);
         *done = (*done).max(gen);
         self.cv.notify_all();
     }
 
     /// Blocks until generation `gen` (or any later one) is acknowledged.
     fn wait(&self, gen: u64) {
-        let mut done = crate::lock(&self.done);
+        let mut done = crate::sync::lock(&self.done);
         while *done < gen {
             done = self.cv.wait(done).unwrap_or_else(|p| p.into_inner());
         }

@@ -122,7 +122,7 @@ impl Quarantine {
     /// report, and the batch goes on as the policy says.
     pub(super) fn log(&self, key: &str, epoch: u64, index: usize, error: &Error) {
         use std::io::Write;
-        let mut guard = crate::lock(&self.listed);
+        let mut guard = crate::sync::lock(&self.listed);
         let listed = &mut *guard;
         if listed.capped || listed.seen.contains(key) {
             return;
@@ -133,7 +133,7 @@ impl Quarantine {
             listed.written += 1;
             serde_json::json!({
                 "key": key,
-                "reason": crate::error_chain(error),
+                "reason": crate::error::error_chain(error),
                 "epoch": epoch,
                 "index": index,
                 "pid": pid,

@@ -1,6 +1,6 @@
 //! An in-memory source for tests and small datasets.
 
-use super::{check_index, Record, Source};
+use crate::contract::{check_index, Record, Source};
 use crate::error::Result;
 
 /// Records held in memory. Reading clones the record's bytes.

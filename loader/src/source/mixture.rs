@@ -24,7 +24,7 @@
 //! a member drawn below its size sees new samples each epoch, and one
 //! drawn above it repeats each sample before any is seen a third time.
 
-use super::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use rand::seq::SliceRandom;
@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 /// for it) is its member's number, as [`Value::Int64`].
 ///
 /// The loader takes each epoch's order from the mixture
-/// ([`Source::epoch_order`]), splits it across ranks and resumes it like
+/// ([`Source::begin_epoch`]), splits it across ranks and resumes it like
 /// its own; with a [`shuffle`](crate::LoaderBuilder::shuffle) seed the
 /// members are permuted and each global batch is shuffled across the
 /// ranks (every global batch then holds each member's quota within one
@@ -279,7 +279,7 @@ impl Mixture {
     /// Samples of each member in one epoch of `weights`.
     fn counts_of(&self, weights: &[f64]) -> Arc<Vec<usize>> {
         let key: Vec<u64> = weights.iter().map(|w| w.to_bits()).collect();
-        if let Some(c) = crate::lock(&self.inner.counts).get(&key) {
+        if let Some(c) = crate::sync::lock(&self.inner.counts).get(&key) {
             return c.clone();
         }
         let mut counts = vec![0; weights.len()];
@@ -287,7 +287,7 @@ impl Mixture {
             counts[d as usize] += 1;
         }
         let counts = Arc::new(counts);
-        crate::lock(&self.inner.counts).insert(key, counts.clone());
+        crate::sync::lock(&self.inner.counts).insert(key, counts.clone());
         counts
     }
 
@@ -322,7 +322,7 @@ impl Mixture {
 
     /// Member `d`'s draws `first..first + n` (counted over the whole run):
     /// pass `k / len` of the member, at `k % len`, in the member's own
-    /// order for that pass when it has one ([`Source::epoch_order`]: a
+    /// order for that pass when it has one ([`Source::begin_epoch`]: a
     /// Parquet member's block shuffle, a nested mixture's) from a seed of
     /// its own, else a permutation from `(seed, pass)` (the stored order
     /// without a seed). The passes are asked for last first, so a member
@@ -342,7 +342,7 @@ impl Mixture {
             .iter()
             .rev()
             .map(|&pass| {
-                member.epoch_order(member_seed, pass).unwrap_or_else(|| {
+                member.begin_epoch(member_seed, pass).unwrap_or_else(|| {
                     let mut order: Vec<usize> = (0..len as usize).collect();
                     if let Some(seed) = seed {
                         order.shuffle(&mut keyed_rng(seed, pass, Purpose::MixturePass, d as u64));
@@ -406,8 +406,8 @@ impl Source for Mixture {
         crc32c::crc32c(text.as_bytes())
     }
 
-    fn is_remote(&self) -> bool {
-        self.inner.members.iter().any(|m| m.is_remote())
+    fn wants_read_ahead(&self) -> bool {
+        self.inner.members.iter().any(|m| m.wants_read_ahead())
     }
 
     fn memory(&self) -> u64 {
@@ -416,7 +416,7 @@ impl Source for Mixture {
 
     /// The greedy placement of `epoch`, each member's draws continuing
     /// from the epochs before.
-    fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
         let picks = greedy(self.weights(epoch), self.len(), self.inner.rule);
         let counts = self.counts(epoch);
         let taken = self.taken_before(epoch);
@@ -495,8 +495,8 @@ mod tests {
         assert_eq!(mix.len(), 100);
         assert_eq!(mix.counts(0), [20, 60, 20]);
         assert_eq!(mix.counts(2), [0, 50, 50]);
-        let e0 = mix.epoch_order(Some(4), 0).unwrap();
-        let e1 = mix.epoch_order(Some(4), 1).unwrap();
+        let e0 = mix.begin_epoch(Some(4), 0).unwrap();
+        let e1 = mix.begin_epoch(Some(4), 1).unwrap();
         // Member 0 (10 samples, 20 draws an epoch): each sample twice an epoch.
         for e in [&e0, &e1] {
             let mut seen = vec![0; 10];
@@ -504,7 +504,7 @@ mod tests {
             assert_eq!(seen, [2; 10]);
         }
         // Member 2 (60 samples, 20 draws an epoch): three epochs see all 60.
-        let e2 = mix.epoch_order(Some(4), 2).unwrap();
+        let e2 = mix.begin_epoch(Some(4), 2).unwrap();
         let m2: std::collections::HashSet<usize> = [&e0, &e1]
             .into_iter()
             .flatten()
@@ -516,8 +516,8 @@ mod tests {
         assert!(first20.iter().all(|i| !m2.contains(i)), "epoch 2 goes on");
         assert!(e2.iter().all(|&i| i >= 10), "weight 0 is never drawn");
         // Deterministic, and the seed matters.
-        assert_eq!(mix.epoch_order(Some(4), 1).unwrap(), e1);
-        assert_ne!(mix.epoch_order(Some(5), 1).unwrap(), e1);
+        assert_eq!(mix.begin_epoch(Some(4), 1).unwrap(), e1);
+        assert_ne!(mix.begin_epoch(Some(5), 1).unwrap(), e1);
     }
 
     #[test]
@@ -551,7 +551,7 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(huge.weights(0), [0.5, 0.5]);
-        assert_eq!(huge.epoch_order(Some(1), 0).unwrap().len(), 5);
+        assert_eq!(huge.begin_epoch(Some(1), 0).unwrap().len(), 5);
         // More members than an epoch's picks can name.
         let mut many = Mixture::builder();
         for _ in 0..=MAX_MEMBERS {

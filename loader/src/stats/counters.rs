@@ -208,7 +208,7 @@ impl Counters {
 
     pub(crate) fn skipped(&self, key: String) {
         self.skipped_total.fetch_add(1, Relaxed);
-        let mut keys = crate::lock(&self.skipped_keys);
+        let mut keys = crate::sync::lock(&self.skipped_keys);
         if keys.1.insert(key.clone()) {
             keys.0.push(key);
         }
@@ -295,8 +295,8 @@ impl Counters {
 
     /// A cache entry that could not be read back (the sample is read from
     /// its source instead).
-    pub(crate) fn cache_error(&self, e: &crate::Error) {
-        let mut c = crate::lock(&self.cache_errors);
+    pub(crate) fn cache_error(&self, e: &crate::error::Error) {
+        let mut c = crate::sync::lock(&self.cache_errors);
         c.0 += 1;
         c.1 = Some(crate::error::error_chain(e));
     }
@@ -332,21 +332,21 @@ impl Counters {
     }
 
     pub(crate) fn epoch_started(&self) {
-        crate::lock(&self.clock).running_since = Some(Instant::now());
+        crate::sync::lock(&self.clock).running_since = Some(Instant::now());
     }
 
     pub(crate) fn epoch_ended(&self) {
-        let mut c = crate::lock(&self.clock);
+        let mut c = crate::sync::lock(&self.clock);
         if let Some(t) = c.running_since.take() {
             c.finished += t.elapsed();
         }
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
-        let (cache_errors, cache_error) = crate::lock(&self.cache_errors).clone();
+        let (cache_errors, cache_error) = crate::sync::lock(&self.cache_errors).clone();
         let samples = self.samples.load(Relaxed);
         let wall = {
-            let c = crate::lock(&self.clock);
+            let c = crate::sync::lock(&self.clock);
             c.finished + c.running_since.map_or(Duration::ZERO, |t| t.elapsed())
         };
         let per_sample = |ns: &AtomicU64| {
@@ -452,7 +452,7 @@ impl Counters {
             ),
             consumer_wait_max: Duration::from_nanos(self.wait_max_ns.load(Relaxed)),
             consumer_wait_last: Duration::from_nanos(self.last_wait_ns.load(Relaxed)),
-            skipped: crate::lock(&self.skipped_keys).0.clone(),
+            skipped: crate::sync::lock(&self.skipped_keys).0.clone(),
             skipped_samples: self.skipped_total.load(Relaxed),
             read_retries: self.read_retries.load(Relaxed),
             read_ahead: 0,

@@ -54,7 +54,7 @@ impl Trace {
         end: Instant,
     ) {
         let to_us = |t: Instant| t.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
-        let mut ev = crate::lock(&self.events);
+        let mut ev = crate::sync::lock(&self.events);
         if ev.0.len() < MAX_EVENTS {
             let name = name.into();
             if let Cow::Owned(s) = &name {
@@ -79,7 +79,7 @@ impl Trace {
 
     /// Bytes the timeline holds (counted in the loader's RAM budget).
     pub(crate) fn memory(&self) -> u64 {
-        let ev = crate::lock(&self.events);
+        let ev = crate::sync::lock(&self.events);
         (ev.0.capacity() * std::mem::size_of::<Event>()) as u64 + ev.2
     }
 
@@ -87,7 +87,7 @@ impl Trace {
     pub fn write_chrome_json(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         // A copy, so the loader's threads go on recording while it is written.
-        let ev = crate::lock(&self.events).clone();
+        let ev = crate::sync::lock(&self.events).clone();
         let mut lanes: Vec<u64> = ev.0.iter().map(|e| e.lane).collect();
         lanes.sort_unstable();
         lanes.dedup();
@@ -131,7 +131,7 @@ mod tests {
         let one = t.memory();
         assert!(one >= std::mem::size_of::<Event>() as u64);
         t.span("a user step name", now, now);
-        let ev = crate::lock(&t.events);
+        let ev = crate::sync::lock(&t.events);
         assert!(ev.2 >= "a user step name".len() as u64, "owned names count");
         drop(ev);
         assert!(t.memory() >= one + "a user step name".len() as u64);

@@ -1,5 +1,5 @@
 //! Where a source's bytes live: local files, or objects in S3, GCS, Azure,
-//! on HTTP servers or behind `file://` URLs (feature `remote`, on by
+//! on HTTP servers or behind `file://` URLs (feature `remote`, off by
 //! default), read through the `object_store` crate.
 //!
 //! A source is opened from a path or a URL alike (`open_path("s3://bucket/train/")`,
@@ -32,6 +32,8 @@ type Bytes = Vec<u8>;
 
 #[cfg(feature = "remote")]
 mod cache;
+pub(crate) mod local;
+pub(crate) mod mmap;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
 #[cfg(not(feature = "remote"))]
@@ -203,14 +205,14 @@ impl Blob {
     /// a shared cursor, so workers read one shard concurrently.
     pub(crate) fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
         match self {
-            Blob::Local(file) => crate::source::read_exact_at(file, path, offset, buf),
+            Blob::Local(file) => local::read_exact_at(file, path, offset, buf),
             Blob::Remote(o) => {
                 if let Some(read) = Sequential::read(o, path, offset, buf) {
                     return read;
                 }
                 let end = offset + buf.len() as u64;
                 if end > o.len() {
-                    return Err(crate::source::shard_error(
+                    return Err(crate::error::shard_error(
                         path,
                         offset,
                         format!("object ends inside a {}-byte record", buf.len()),
@@ -333,7 +335,7 @@ impl BlobReader {
             let at = offset + done as u64;
             let n = self.fill(at)?;
             if n == 0 {
-                return Err(crate::source::shard_error(
+                return Err(crate::error::shard_error(
                     &self.path,
                     offset,
                     format!("object ends inside a {}-byte record", buf.len()),
@@ -428,7 +430,7 @@ impl Seek for BlobReader {
 /// at most `max` bytes; the error names it.
 pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>> {
     if !is_url(path) {
-        return crate::source::read_file_into(path, bytes);
+        return local::read_file_into(path, bytes);
     }
     // One GET (no HEAD first): a sample file is one request.
     let got = match remote::get_whole(url_of(path), max)? {
@@ -570,7 +572,7 @@ mod tests {
         let err = blob.read_exact_at(&url, 99_990, &mut buf).unwrap_err();
         assert!(err.to_string().contains("ends inside"), "{err}");
         let missing = PathBuf::from(format!("file://{}/nope", dir.path().display()));
-        let err = crate::error_chain(&Blob::open(&missing).unwrap_err());
+        let err = crate::error::error_chain(&Blob::open(&missing).unwrap_err());
         assert!(err.contains("nope") && err.contains("not found"), "{err}");
         let listed = list_urls(&format!("file://{}", dir.path().display()), &[".bin"]).unwrap();
         assert_eq!(listed, [url]);

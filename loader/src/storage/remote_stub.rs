@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 fn missing(url: &str) -> Error {
     Error::InvalidConfig(format!(
         "{url:?} is a URL, and this build of wick reads local files only: enable the `remote` \
-         feature (on by default) to read object storage"
+         feature (or `full`) to read object storage"
     ))
 }
 

@@ -132,7 +132,7 @@ impl ScratchPool {
     /// limit or a nested sample, is freed.
     pub(crate) fn take(&self, keep: usize) -> PooledScratch<'_> {
         let scratch = {
-            let mut free = crate::lock(&self.free);
+            let mut free = crate::sync::lock(&self.free);
             // The set this thread used last, if free: its buffers are warm
             // in this core's cache.
             let me = Some(std::thread::current().id());
@@ -154,7 +154,7 @@ impl ScratchPool {
 
     fn give_back(&self, mut s: Box<Scratch>, keep: usize) {
         let bytes = s.bytes();
-        let mut free = crate::lock(&self.free);
+        let mut free = crate::sync::lock(&self.free);
         if free.1 > keep.max(1) {
             free.1 -= 1;
             self.held.fetch_sub(s.counted, Relaxed);
@@ -173,13 +173,13 @@ impl ScratchPool {
     /// its scratches hold now, plus the largest one's size for each worker
     /// beyond them.
     pub(crate) fn memory(&self, workers: usize) -> u64 {
-        let made = crate::lock(&self.free).1;
+        let made = crate::sync::lock(&self.free).1;
         self.held.load(Relaxed) + self.largest.load(Relaxed) * workers.saturating_sub(made) as u64
     }
 
     /// How many scratches exist now.
     pub(crate) fn count(&self) -> usize {
-        crate::lock(&self.free).1
+        crate::sync::lock(&self.free).1
     }
 }
 

@@ -165,7 +165,7 @@ impl Gate {
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {
-        crate::lock(&self.state)
+        crate::sync::lock(&self.state)
     }
 
     /// A pass when a place is free or this thread holds one already (a
@@ -322,12 +322,12 @@ impl Tuner {
     }
 
     pub(crate) fn history(&self) -> Vec<TuneStep> {
-        crate::lock(&self.state).history.clone()
+        crate::sync::lock(&self.state).history.clone()
     }
 
     /// See [`Policy::step_slowdown`].
     pub(crate) fn step_slowdown(&self) -> Option<(f64, usize, f64)> {
-        crate::lock(&self.state).policy.step_slowdown()
+        crate::sync::lock(&self.state).policy.step_slowdown()
     }
 
     /// Called after each delivered batch; may turn a knob. `set_in_flight`
@@ -354,7 +354,7 @@ impl Tuner {
         if !self.enabled() {
             return;
         }
-        let mut st = crate::lock(&self.state);
+        let mut st = crate::sync::lock(&self.state);
         let now = Instant::now();
         if !st.started {
             // The first window starts at the first batch: the pipeline's

@@ -2,11 +2,12 @@
 //! shards, optionally pre-resized (FFCV's `max_resolution`).
 
 use super::{SafetensorsWriter, ShardSample, ShardWriter, TfRecordWriter, WebDatasetWriter};
+use crate::contract::Source;
 use crate::decode::decode_rgb_into;
 use crate::error::{Error, Result};
+use crate::formats::{format, DatasetKind};
 use crate::geometry::Size;
 use crate::layout::{HostLayout, Slot};
-use crate::source::Source;
 use crate::transform::resize::{Crop, Resampler, View};
 use crate::transform::{ImageTransform, Transforms};
 use rayon::prelude::*;
@@ -140,7 +141,7 @@ pub fn convert(
         if done.is_err() {
             for p in &written {
                 let _ = std::fs::remove_file(p);
-                let _ = std::fs::remove_file(crate::source::tfrecord::index_path(p));
+                let _ = std::fs::remove_file(crate::formats::shards::tfrecord::index_path(p));
             }
         }
         return done;
@@ -150,7 +151,7 @@ pub fn convert(
         .to_string();
     let mut up = |shard: &Path| -> Result<PathBuf> {
         // A TFRecord index (`.idx`) beside its shard goes up too.
-        let idx = crate::source::tfrecord::index_path(shard);
+        let idx = crate::formats::shards::tfrecord::index_path(shard);
         // Named by the path under the folder (a Parquet shard is in data/).
         let name = |file: &Path| {
             let rel = file.strip_prefix(&local).unwrap_or(file);
@@ -177,14 +178,40 @@ pub fn convert(
     uploaded
 }
 
-/// Suffixes of the files a conversion writes.
-const SHARD_FILES: &[&str] = &[".tfrecord", ".idx", ".tar", ".safetensors", ".parquet"];
+impl ShardFormat {
+    /// The kind of dataset this format's shards are.
+    fn kind(self) -> DatasetKind {
+        match self {
+            ShardFormat::TfRecord => DatasetKind::TfRecord,
+            ShardFormat::WebDataset => DatasetKind::WebDataset,
+            ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. } => {
+                DatasetKind::Safetensors
+            }
+            #[cfg(feature = "parquet")]
+            ShardFormat::Parquet { .. } => DatasetKind::Parquet,
+        }
+    }
+}
+
+/// Whether `name` is a file a conversion writes: a shard of a format it
+/// writes (any of its endings), or the file beside one (a TFRecord index).
+fn is_shard(name: &str) -> bool {
+    [
+        DatasetKind::TfRecord,
+        DatasetKind::WebDataset,
+        DatasetKind::Safetensors,
+        DatasetKind::Parquet,
+    ]
+    .iter()
+    .map(|&k| format(k))
+    .flat_map(|f| f.suffixes.iter().chain(f.companions))
+    .any(|s| name.ends_with(s))
+}
 
 /// Refuses a destination that holds shard files (directly, or in its
 /// `data/` folder as a Parquet conversion writes them), or deletes them
 /// when `overwrite`.
 fn clear_destination(dst: &Path, overwrite: bool) -> Result<()> {
-    let is_shard = |name: &str| SHARD_FILES.iter().any(|s| name.ends_with(s));
     let mut found: Vec<PathBuf> = Vec::new();
     if crate::storage::is_url(dst) {
         let base = crate::storage::url_of(dst).trim_end_matches('/');
@@ -281,14 +308,15 @@ fn convert_into(
                 })
                 .collect::<Result<_>>()
         })?;
+        let ext = format(opts.format.kind()).suffixes[0];
         let path = dst.join(match opts.format {
-            ShardFormat::TfRecord => format!("{}-{shard:05}-of-{shards:05}.tfrecord", opts.prefix),
-            ShardFormat::WebDataset => format!("{}-{shard:06}.tar", opts.prefix),
+            ShardFormat::TfRecord => format!("{}-{shard:05}-of-{shards:05}{ext}", opts.prefix),
+            ShardFormat::WebDataset => format!("{}-{shard:06}{ext}", opts.prefix),
             #[cfg(feature = "parquet")]
             ShardFormat::Parquet { .. } => {
-                format!("data/{}-{shard:05}-of-{shards:05}.parquet", opts.split)
+                format!("data/{}-{shard:05}-of-{shards:05}{ext}", opts.split)
             }
-            _ => format!("{}-{shard:05}.safetensors", opts.prefix),
+            _ => format!("{}-{shard:05}{ext}", opts.prefix),
         });
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| Error::Io {

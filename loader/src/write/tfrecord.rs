@@ -3,8 +3,8 @@
 
 use super::{ShardSample, ShardWriter};
 use crate::error::{Error, Result};
-use crate::source::tfrecord::{example_bytes, masked_crc};
-use crate::source::TfRecordOptions;
+use crate::formats::shards::tfrecord::{example_bytes, masked_crc};
+use crate::formats::shards::TfRecordOptions;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -18,10 +18,7 @@
 //! an image or a shard is listed as ignored (the loader does not read
 //! it), not as bad.
 
-use candle_wick::source::{
-    detect, DatasetKind, DocumentWindows, Megatron, SafetensorsShards, TfRecord, WebDataset,
-    WebDatasetOptions,
-};
+use candle_wick::source::{detect, DatasetKind, DocumentWindows, Megatron};
 use candle_wick::{error_chain, Source};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -272,25 +269,6 @@ fn walk(root: &Path, files: &mut Vec<PathBuf>, bad: &mut Vec<Seen>) {
     }
 }
 
-/// What a shard file is, by its name.
-fn shard_kind(path: &Path) -> Option<DatasetKind> {
-    let name = path.file_name()?.to_str()?;
-    if [".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"]
-        .iter()
-        .any(|s| name.ends_with(s))
-    {
-        Some(DatasetKind::TfRecord)
-    } else if name.ends_with(".tar") {
-        Some(DatasetKind::WebDataset)
-    } else if name.ends_with(".safetensors") {
-        Some(DatasetKind::Safetensors)
-    } else if name.ends_with(".parquet") {
-        Some(DatasetKind::Parquet)
-    } else {
-        None
-    }
-}
-
 /// What the survey found besides samples.
 #[derive(Default)]
 struct Extra {
@@ -299,33 +277,20 @@ struct Extra {
     token_corpora: Vec<TokenCorpus>,
 }
 
-/// Opens shards `paths` of `kind` as a source: WebDataset shards without
-/// labels too (listed in `unlabeled`).
+/// Opens shards `paths` of `kind` as a source, as leniently as the format
+/// allows: WebDataset shards without labels too (listed in `unlabeled`).
 fn open_shards(
     kind: DatasetKind,
     paths: &[PathBuf],
     extra: &mut Extra,
 ) -> candle_wick::Result<Box<dyn Source>> {
-    Ok(match kind {
-        DatasetKind::TfRecord => Box::new(TfRecord::open(paths)?),
-        DatasetKind::Safetensors => Box::new(SafetensorsShards::open(paths)?),
-        DatasetKind::Parquet => Box::new(candle_wick::source::Parquet::open(paths)?),
-        _ => match WebDataset::open(paths) {
-            Ok(s) => Box::new(s),
-            Err(e) if error_chain(&e).contains(" label") => {
-                let opts = WebDatasetOptions {
-                    label_ext: None,
-                    ..Default::default()
-                };
-                let s = WebDataset::open_with(paths, opts)?;
-                extra
-                    .unlabeled
-                    .extend(paths.iter().map(|p| p.display().to_string()));
-                Box::new(s)
-            }
-            Err(e) => return Err(e),
-        },
-    })
+    let (source, gave_up) = kind.open_lenient(paths)?;
+    if gave_up.is_some() {
+        extra
+            .unlabeled
+            .extend(paths.iter().map(|p| p.display().to_string()));
+    }
+    Ok(source)
 }
 
 /// Checks and counts the Megatron dataset at `prefix`.
@@ -411,38 +376,28 @@ pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>>
         *extra.kinds.entry(d.kind.name()).or_default() += d.paths.len();
         match d.kind {
             DatasetKind::Megatron => token_corpus(&d.paths[0], &mut seen, &mut extra),
-            DatasetKind::TfRecord
-            | DatasetKind::WebDataset
-            | DatasetKind::Safetensors
-            | DatasetKind::Parquet => {
-                let source = open_shards(d.kind, &d.paths, &mut extra)?;
+            kind => {
+                let source = open_shards(kind, &d.paths, &mut extra)?;
                 seen = inspect_source(&*source, &pool);
             }
-            _ => seen = inspect_source(&*candle_wick::open_path(&a.data)?, &pool),
         }
     } else {
         // A folder: everything in it.
         let mut files = Vec::new();
         walk(&a.data, &mut files, &mut seen);
-        let megatron: Vec<PathBuf> = files
-            .iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "idx"))
-            .filter(|p| {
-                let mut magic = [0u8; 9];
-                std::fs::File::open(p)
-                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-                    .is_ok_and(|()| &magic == b"MMIDIDX\0\0")
-            })
-            .map(|p| p.with_extension(""))
-            .collect();
+        let mut megatron: Vec<PathBuf> = Vec::new();
         let mut shards: Vec<(DatasetKind, PathBuf)> = Vec::new();
-        files.retain(|p| {
-            if let Some(kind) = shard_kind(p) {
-                shards.push((kind, p.clone()));
-                return false;
+        for p in &files {
+            match DatasetKind::of_file(p) {
+                Some(DatasetKind::Megatron) => megatron.push(p.with_extension("")),
+                Some(kind) => shards.push((kind, p.clone())),
+                None => {}
             }
-            // A Megatron dataset's two files are inspected as one.
-            !megatron.contains(&p.with_extension(""))
+        }
+        // A shard is inspected through its source, and a Megatron
+        // dataset's two files as one.
+        files.retain(|p| {
+            DatasetKind::of_file(p).is_none() && !megatron.contains(&p.with_extension(""))
         });
         for prefix in &megatron {
             *extra.kinds.entry(DatasetKind::Megatron.name()).or_default() += 1;

@@ -249,7 +249,7 @@ impl Streams for CudaStreams {
                     .on("copying a batch to the device")?;
             }
         }
-        *crate::lock(&self.copy_start) = Some(start);
+        *crate::sync::lock(&self.copy_start) = Some(start);
         Ok(())
     }
 
@@ -432,7 +432,7 @@ impl CudaUploader {
         // flight with no event: wait the streams out before `buf` may be
         // reused or freed, then report it.
         let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::lock(&self.ring).upload(&self.streams, &host, &job)
+            crate::sync::lock(&self.ring).upload(&self.streams, &host, &job)
         }))
         .unwrap_or_else(|payload| {
             let _ = self.streams.sync();
@@ -443,11 +443,11 @@ impl CudaUploader {
             copied,
             ready,
         } = staged?;
-        let start = crate::lock(&self.streams.copy_start).take();
+        let start = crate::sync::lock(&self.streams.copy_start).take();
         p.copied = Some(copied.clone());
         if let Some(start) = start {
             let bytes = host.regions.iter().map(|r| r.1 as u64).sum();
-            crate::lock(&self.timings)
+            crate::sync::lock(&self.timings)
                 .pending
                 .push_back((start, copied, bytes));
         }
@@ -457,7 +457,7 @@ impl CudaUploader {
     /// The copies that have completed since the last call: their total
     /// device time and bytes, measured by the copy stream's events.
     pub(crate) fn finished_copies(&self) -> Vec<(Duration, u64)> {
-        let mut t = crate::lock(&self.timings);
+        let mut t = crate::sync::lock(&self.timings);
         let mut done = Vec::new();
         while let Some((start, end, _)) = t.pending.front() {
             let ms = match end.try_is_complete() {

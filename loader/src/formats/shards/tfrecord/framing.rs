@@ -2,8 +2,9 @@
 //! u32 masked crc32c(data)`, checked record by record, read from a file at
 //! offsets or one after another from any byte stream.
 
+use crate::error::{shard_error, Cause};
 use crate::error::{Error, Result};
-use crate::source::shards::{shard_error, Cause, ShardOptions, ShardSet};
+use crate::formats::shards::{ShardOptions, ShardSet};
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,9 @@
 //! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
 
-use super::{is_image_path, labeled_key, read_labeled, Parts, Record, Source, Value};
+use super::{is_image_path, labeled_key, read_labeled};
+use crate::contract::{Parts, Record, Source, Value};
 use crate::error::{Error, Result};
+use crate::formats::{DatasetKind, Format};
 use std::path::{Path, PathBuf};
 
 /// A dataset laid out as `root/<class>/<file>`, like torchvision's
@@ -196,8 +198,27 @@ impl ImageFolder {
     }
 }
 
+/// Image folders in the format table: found by their class folders, not
+/// by a file name.
+pub(crate) const FORMAT: Format = Format {
+    kind: DatasetKind::ImageFolder,
+    name: "an image folder (class folders of images)",
+    suffixes: &[],
+    companions: &[],
+    magic: None,
+    sharded: false,
+    prefix: false,
+    open: |paths| match paths {
+        [root] => Ok(Box::new(ImageFolder::new(root)?)),
+        _ => Err(Error::InvalidConfig(format!(
+            "an image folder is one folder, not {paths:?}"
+        ))),
+    },
+    lenient: None,
+};
+
 impl Source for ImageFolder {
-    fn is_remote(&self) -> bool {
+    fn wants_read_ahead(&self) -> bool {
         crate::storage::is_url(&self.root)
     }
 
@@ -284,8 +305,11 @@ impl Source for ImageMaskFolders {
         if !parts.wants("mask") {
             return Ok(record);
         }
-        let mask =
-            crate::storage::read_whole(&self.masks[index], Vec::new(), super::MAX_FILE_BYTES)?;
+        let mask = crate::storage::read_whole(
+            &self.masks[index],
+            Vec::new(),
+            crate::storage::local::MAX_FILE_BYTES,
+        )?;
         Ok(record.with_part("mask", Value::Bytes(mask)))
     }
 

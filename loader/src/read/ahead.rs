@@ -1,5 +1,5 @@
 //! Read-ahead for sources whose reads wait on the network
-//! ([`Source::is_remote`]): the records of the next samples of the epoch's
+//! ([`Source::wants_read_ahead`]): the records of the next samples of the epoch's
 //! plan are read concurrently, on I/O threads of their own
 //! (`wick-read-{i}`), so a decode worker finds its record read instead of
 //! waiting a round trip for it.
@@ -21,8 +21,9 @@
 //! Records read and not yet taken are its memory ([`ReadAhead::memory`],
 //! counted in the RAM budget).
 
+use super::retry::read_retrying;
+use crate::contract::{Parts, Record, Source, Value};
 use crate::error::Result;
-use crate::source::{read_retrying, Parts, Record, Source, Value};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,7 +79,7 @@ pub(crate) struct ReadAhead {
 
 impl std::fmt::Debug for ReadAhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let i = crate::lock(&self.inner);
+        let i = crate::sync::lock(&self.inner);
         f.debug_struct("ReadAhead")
             .field("depth", &depth_of(&i, self.batch, self.most))
             .field("threads", &i.threads)
@@ -134,7 +135,7 @@ impl ReadAhead {
     /// Records kept read or being read ahead now (0 before the first
     /// [`begin`](Self::begin)).
     pub(crate) fn depth(&self) -> usize {
-        let i = crate::lock(&self.inner);
+        let i = crate::sync::lock(&self.inner);
         if i.order.is_empty() {
             return 0;
         }
@@ -143,13 +144,13 @@ impl ReadAhead {
 
     /// Bytes of records read ahead and not yet taken.
     pub(crate) fn memory(&self) -> u64 {
-        crate::lock(&self.inner).bytes
+        crate::sync::lock(&self.inner).bytes
     }
 
     /// Starts epoch generation `gen`, whose samples are taken in `order`:
     /// what was read for an earlier one is dropped.
     pub(crate) fn begin(self: &Arc<Self>, gen: u64, order: Vec<usize>) {
-        let mut i = crate::lock(&self.inner);
+        let mut i = crate::sync::lock(&self.inner);
         i.gen = gen;
         i.order = order;
         i.cursor = 0;
@@ -211,7 +212,7 @@ impl ReadAhead {
         index: usize,
         cancel: &AtomicBool,
     ) -> Option<(Result<Record>, u32)> {
-        let mut i = crate::lock(&self.inner);
+        let mut i = crate::sync::lock(&self.inner);
         let now = Instant::now();
         if let Some(last) = i.last_take.replace(now) {
             i.interval = average(i.interval, (now - last).as_secs_f64());
@@ -248,7 +249,7 @@ impl ReadAhead {
     /// Drops what was read (or is being read) for `index`: a worker got
     /// the sample elsewhere (the loader's cache).
     pub(crate) fn discard(self: &Arc<Self>, index: usize) {
-        let mut i = crate::lock(&self.inner);
+        let mut i = crate::sync::lock(&self.inner);
         if let Some(Slot::Done(Ok(r), _)) = i.slots.remove(&index) {
             i.bytes = i.bytes.saturating_sub(record_bytes(&r));
         }
@@ -263,7 +264,7 @@ impl ReadAhead {
         record: Option<(Result<Record>, u32)>,
         took: Duration,
     ) {
-        let mut i = crate::lock(&self.inner);
+        let mut i = crate::sync::lock(&self.inner);
         i.latency = average(i.latency, took.as_secs_f64());
         if i.gen == gen && matches!(i.slots.get(&index), Some(Slot::Reading)) {
             match record {
@@ -311,7 +312,7 @@ fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBo
             continue;
         };
         let Some(ra) = me.upgrade() else { return };
-        if crate::lock(&ra.inner).gen != gen {
+        if crate::sync::lock(&ra.inner).gen != gen {
             continue;
         }
         let (source, parts, retries) = (ra.source.clone(), ra.parts.clone(), ra.retries);
@@ -333,13 +334,13 @@ fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBo
 
 #[cfg(test)]
 mod tests {
+    use crate::contract::{Record, Source};
     use crate::error::Error;
     use crate::fields::{Field, FieldType};
     use crate::map::{map_fn, Sample};
     use crate::order::ranks::Ranks;
     use crate::order::sampler::Remainder;
     use crate::pipeline::{BadSamples, Loader, LoaderBuilder};
-    use crate::source::{Record, Source};
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::sync::Arc;
     use std::time::Duration;
@@ -370,10 +371,10 @@ mod tests {
         fn len(&self) -> usize {
             30
         }
-        fn is_remote(&self) -> bool {
+        fn wants_read_ahead(&self) -> bool {
             self.remote
         }
-        fn read(&self, i: usize) -> crate::Result<Record> {
+        fn read(&self, i: usize) -> crate::error::Result<Record> {
             let now = self.reading.fetch_add(1, SeqCst) + 1;
             self.most.fetch_max(now, SeqCst);
             std::thread::sleep(self.delay);

@@ -1,7 +1,9 @@
 //! CSV/TSV lists of `path,label`, the way many datasets ship their splits.
 
-use super::{labeled_key, read_labeled, Parts, Record, Source, Value};
+use super::{labeled_key, read_labeled};
+use crate::contract::{Parts, Record, Source, Value};
 use crate::error::{Error, Result};
+use crate::formats::{DatasetKind, Format};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -296,8 +298,27 @@ impl FileList {
     }
 }
 
+/// File lists in the format table: any file that is no shard (these
+/// endings tell a list under a URL).
+pub(crate) const FORMAT: Format = Format {
+    kind: DatasetKind::FileList,
+    name: "a file list",
+    suffixes: &[".csv", ".tsv", ".txt"],
+    companions: &[],
+    magic: None,
+    sharded: false,
+    prefix: false,
+    open: |paths| match paths {
+        [list] => Ok(Box::new(FileList::new(list)?)),
+        _ => Err(Error::InvalidConfig(format!(
+            "a file list is one file, not {paths:?}"
+        ))),
+    },
+    lenient: None,
+};
+
 impl Source for FileList {
-    fn is_remote(&self) -> bool {
+    fn wants_read_ahead(&self) -> bool {
         crate::storage::is_url(&self.path)
             || self.samples.iter().any(|(p, _)| crate::storage::is_url(p))
     }

@@ -11,9 +11,11 @@
 //!
 //! Labels may be any integer dtype; they are checked on open.
 
-use super::shards::{shard_error, Cause, ShardSet};
-use super::{Damage, Parts, Record, ShardInfo, Source, Value};
+use super::ShardSet;
+use crate::contract::{Damage, Parts, Record, ShardInfo, Source, Value};
+use crate::error::{shard_error, Cause};
 use crate::error::{Error, Result};
+use crate::formats::{DatasetKind, Format};
 use crate::geometry::Size;
 use crate::storage::Blob;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
@@ -115,7 +117,7 @@ impl SafetensorsShards {
             .into_iter()
             .map(|p| p.as_ref().to_path_buf())
             .collect();
-        for (path, shard) in paths.iter().zip(super::shards::open_each(&paths, open_one)) {
+        for (path, shard) in paths.iter().zip(super::open_each(&paths, open_one)) {
             let shard = shard?;
             set.push(path, shard.labels.len());
             shards.push(shard);
@@ -282,11 +284,20 @@ fn rows_of(meta: &Metadata, count: usize, data_start: usize) -> Vec<Rows> {
     rows
 }
 
-impl Source for SafetensorsShards {
-    fn is_remote(&self) -> bool {
-        self.shards.iter().any(|s| crate::storage::is_url(&s.path))
-    }
+/// Safetensors shards in the format table.
+pub(crate) const FORMAT: Format = Format {
+    kind: DatasetKind::Safetensors,
+    name: "safetensors shards",
+    suffixes: &[".safetensors"],
+    companions: &[],
+    magic: None,
+    sharded: true,
+    prefix: false,
+    open: |paths| Ok(Box::new(SafetensorsShards::open(paths)?)),
+    lenient: None,
+};
 
+impl Source for SafetensorsShards {
     fn len(&self) -> usize {
         self.set.len()
     }

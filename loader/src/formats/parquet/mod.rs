@@ -9,7 +9,7 @@
 //!   once, kept in a bounded cache of decoded row groups (counted in the
 //!   loader's RAM budget).
 //! - **Block shuffle**: the loader takes each epoch's order from the
-//!   source ([`Source::epoch_order`]): the row groups permuted from
+//!   source ([`Source::begin_epoch`]): the row groups permuted from
 //!   `(seed, epoch)`, the rows shuffled within windows of
 //!   [`ParquetOptions::shuffle_window`] row groups, so an epoch decodes
 //!   each row group about once; without a seed, the stored order. A pure
@@ -26,25 +26,22 @@
 //!   open, and a row group's decode skips the pages without a kept row
 //!   (the page index).
 
+mod columns;
 mod hub;
 mod io;
+mod meta;
 
-pub use hub::{cached_snapshot, hf_hub_cache, hub_files, HubFiles, HubLayout, HubOptions};
+pub use hub::{hub_files, HubFiles, HubLayout, HubOptions};
 
-use super::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
+use crate::formats::{DatasetKind, Format};
+use crate::read::jobs::Jobs;
 use crate::rng::{keyed_rng, Purpose};
-use arrow_array::cast::AsArray;
-use arrow_array::types::*;
-use arrow_array::{Array, ArrayRef, RecordBatch, StructArray};
-use arrow_schema::DataType;
-use io::{ParquetFile, Reads, RowGroupCache};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
-};
-use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use columns::{check_value_size, column_names, image_bytes, int_at, text_at, value};
+use io::{Reads, RowGroupCache};
+use meta::{open_file, FileMeta, Group};
 use rand::seq::SliceRandom;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -120,23 +117,6 @@ impl Default for ParquetOptions {
     }
 }
 
-/// One row group's rows in the dataset.
-#[derive(Debug)]
-struct Group {
-    file: usize,
-    row_group: usize,
-    /// The kept rows' offsets in the row group (`None`: every row).
-    rows: Option<Vec<u32>>,
-    /// Rows kept.
-    count: usize,
-}
-
-#[derive(Debug)]
-struct FileMeta {
-    file: Arc<ParquetFile>,
-    meta: ArrowReaderMetadata,
-}
-
 /// Parquet files as a source of records (module docs). Sample `i` is the
 /// `i`-th kept row of the files in order; its key is `file#row`.
 ///
@@ -167,19 +147,12 @@ struct Inner {
     remote: bool,
     /// The row groups in the order of the last epoch order given out.
     plan: Mutex<Plan>,
-    /// Row groups queued to be read ahead, and the threads reading them.
-    ahead: Mutex<Ahead>,
+    /// Row groups read ahead, on at most [`AHEAD_THREADS`] threads.
+    ahead: Jobs,
 }
 
 /// Threads reading row groups ahead, at most.
 const AHEAD_THREADS: usize = 8;
-
-/// Row groups to read ahead: `(group, projection id, columns)`.
-#[derive(Debug, Default)]
-struct Ahead {
-    jobs: std::collections::VecDeque<(usize, u64, Vec<String>)>,
-    threads: usize,
-}
 
 /// Row groups in the order an epoch reads them.
 #[derive(Debug, Default)]
@@ -306,7 +279,7 @@ impl Parquet {
         Ok(Self {
             inner: Arc::new(Inner {
                 plan: Mutex::new(Plan::new((0..groups.len()).collect(), None)),
-                ahead: Mutex::default(),
+                ahead: Jobs::new("wick-parquet-ahead", AHEAD_THREADS),
                 files,
                 groups,
                 starts,
@@ -346,7 +319,7 @@ impl Parquet {
     #[doc(hidden)]
     pub fn __record_reads(&self) -> Vec<(PathBuf, std::ops::Range<u64>)> {
         self.inner.reads.record.store(true, Ordering::Relaxed);
-        std::mem::take(&mut *crate::lock(&self.inner.reads.ranges))
+        std::mem::take(&mut *crate::sync::lock(&self.inner.reads.ranges))
     }
 
     /// The byte ranges of column `column`'s chunks (for the tests).
@@ -462,7 +435,7 @@ impl Parquet {
     /// needs the group (it fetches again and reports it).
     fn read_ahead(&self, g: usize, id: u64, cols: &[String]) {
         let window = self.inner.opts.shuffle_window.max(1);
-        let mut plan = crate::lock(&self.inner.plan);
+        let mut plan = crate::sync::lock(&self.inner.plan);
         let Some(&at) = plan.position.get(g) else {
             return;
         };
@@ -483,7 +456,6 @@ impl Parquet {
         }
         drop(plan);
         let image = self.inner.opts.image_column.as_deref();
-        let mut queue = crate::lock(&self.inner.ahead);
         for n in next {
             let group = &self.inner.groups[n];
             if self.inner.cache.contains((group.file, group.row_group, id)) {
@@ -493,36 +465,8 @@ impl Parquet {
             if !self.inner.cache.has_room(estimate) {
                 break;
             }
-            queue.jobs.push_back((n, id, cols.to_vec()));
-        }
-        while queue.threads < AHEAD_THREADS && !queue.jobs.is_empty() {
-            let me = self.clone();
-            let spawned = std::thread::Builder::new()
-                .name("wick-parquet-ahead".into())
-                .spawn(move || me.fetch_ahead());
-            if spawned.is_err() {
-                break;
-            }
-            queue.threads += 1;
-        }
-    }
-
-    /// A read-ahead thread: fetches and decodes the queued groups until
-    /// none is left.
-    fn fetch_ahead(&self) {
-        loop {
-            let job = {
-                let mut queue = crate::lock(&self.inner.ahead);
-                match queue.jobs.pop_front() {
-                    Some(job) => job,
-                    None => {
-                        queue.threads -= 1;
-                        return;
-                    }
-                }
-            };
-            let (n, id, cols) = job;
-            drop(self.cached(n, id, &cols));
+            let (me, cols) = (self.clone(), cols.to_vec());
+            self.inner.ahead.push(move || drop(me.cached(n, id, &cols)));
         }
     }
 
@@ -607,416 +551,18 @@ impl Parquet {
     }
 }
 
-impl FileMeta {
-    /// `ClassLabel` names of `column` from the `huggingface` metadata.
-    fn classes(&self, column: Option<&str>) -> Option<Vec<String>> {
-        let column = column?;
-        // `datasets` writes it as a key of the footer; other Arrow writers
-        // keep it in the Arrow schema's metadata only.
-        let footer = self
-            .meta
-            .metadata()
-            .file_metadata()
-            .key_value_metadata()
-            .and_then(|kv| kv.iter().find(|k| k.key == "huggingface"))
-            .and_then(|k| k.value.clone());
-        let json = footer.or_else(|| self.meta.schema().metadata().get("huggingface").cloned())?;
-        let v: serde_json::Value = serde_json::from_str(&json).ok()?;
-        let feature = &v["info"]["features"][column];
-        let names = feature["names"].as_array()?;
-        names.iter().map(|n| n.as_str().map(String::from)).collect()
-    }
-
-    /// The rows of row group `rg` that `filter` keeps (`None`: all):
-    /// nothing read when the statistics say no row or every row matches.
-    fn filter(&self, rg: usize, filter: &RowFilter) -> Result<Option<Vec<u32>>> {
-        let meta = self.meta.metadata().row_group(rg);
-        let rows = meta.num_rows() as usize;
-        let column = filter.column();
-        let idx = meta
-            .columns()
-            .iter()
-            .position(|c| c.column_path().string() == column)
-            .ok_or_else(|| {
-                self.file.error(
-                    &format!("has no column {column:?} to filter on"),
-                    std::io::Error::other(format!(
-                        "its columns: {:?}",
-                        column_names(self.meta.schema())
-                    )),
-                )
-            })?;
-        if let (RowFilter::IntRange { range, .. }, Some(stats)) =
-            (filter, meta.column(idx).statistics())
-        {
-            let bounds = match stats {
-                parquet::file::statistics::Statistics::Int32(s) => s
-                    .min_opt()
-                    .zip(s.max_opt())
-                    .map(|(a, b)| (i64::from(*a), i64::from(*b))),
-                parquet::file::statistics::Statistics::Int64(s) => {
-                    s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a, *b))
-                }
-                _ => None,
-            };
-            if let Some((lo, hi)) = bounds {
-                if hi < *range.start() || lo > *range.end() {
-                    return Ok(Some(Vec::new()));
-                }
-                if lo >= *range.start() && hi <= *range.end() && stats.null_count_opt() == Some(0) {
-                    return Ok(None);
-                }
-            }
-        }
-        let batch = self.decode(rg, &[column.to_string()], None, None, rows)?;
-        let array = batch.column(0);
-        let keep = |i: usize| -> bool {
-            if array.is_null(i) {
-                return false;
-            }
-            match filter {
-                RowFilter::IntRange { range, .. } => {
-                    int_at(array, i).is_some_and(|v| range.contains(&v))
-                }
-                RowFilter::TextIn { values, .. } => {
-                    text_at(array, i).is_some_and(|t| values.iter().any(|v| v == t))
-                }
-            }
-        };
-        let kept: Vec<u32> = (0..rows).filter(|&i| keep(i)).map(|i| i as u32).collect();
-        Ok(if kept.len() == rows { None } else { Some(kept) })
-    }
-
-    /// Decodes row group `rg`'s columns `cols` (the image column's `bytes`
-    /// field only), its rows `rows` only when given (pages without one
-    /// skipped).
-    /// The projection of `cols` (the image struct's `bytes` leaf for
-    /// `image`) and the byte ranges of its column chunks in row group `rg`.
-    fn chunk_ranges(
-        &self,
-        rg: usize,
-        cols: &[String],
-        image: Option<&str>,
-    ) -> (ProjectionMask, Vec<std::ops::Range<u64>>) {
-        let schema = self.meta.parquet_schema();
-        let names: Vec<String> = cols
-            .iter()
-            .map(|c| match image {
-                Some(i) if i == c && is_struct_with_bytes(self.meta.schema(), c) => {
-                    format!("{c}.bytes")
-                }
-                _ => c.clone(),
-            })
-            .collect();
-        let mask = ProjectionMask::columns(schema, names.iter().map(String::as_str));
-        let meta = self.meta.metadata().row_group(rg);
-        let ranges: Vec<std::ops::Range<u64>> = meta
-            .columns()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| mask.leaf_included(*i))
-            .map(|(_, c)| {
-                let (start, len) = c.byte_range();
-                start..start + len
-            })
-            .collect();
-        (mask, ranges)
-    }
-
-    /// The decoded size of row group `rg`'s columns `cols`, as its footer
-    /// gives it (uncompressed bytes).
-    fn decoded_size(&self, rg: usize, cols: &[String], image: Option<&str>) -> u64 {
-        let (mask, _) = self.chunk_ranges(rg, cols, image);
-        self.meta
-            .metadata()
-            .row_group(rg)
-            .columns()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| mask.leaf_included(*i))
-            .map(|(_, c)| c.uncompressed_size().max(0) as u64)
-            .fold(0u64, u64::saturating_add)
-    }
-
-    /// Refuses a footer whose counts cannot be true: a negative count,
-    /// row groups that do not add up to the file's rows, column chunks
-    /// outside the file, or more rows than its bytes can hold (a row
-    /// takes at least a bit of some column: 8 rows a byte of its
-    /// compressed column chunks, and 4,096 rows for any row group).
-    fn check_counts(&self) -> Result<()> {
-        let meta = self.meta.metadata();
-        let lie = |why: String| {
-            self.file.error(
-                "has a footer that cannot be true",
-                std::io::Error::other(why),
-            )
-        };
-        let mut sum = 0i64;
-        for (rg, g) in meta.row_groups().iter().enumerate() {
-            let rows = g.num_rows();
-            let mut compressed = 0u64;
-            for c in g.columns() {
-                let (start, len) = c.byte_range();
-                if start
-                    .checked_add(len)
-                    .is_none_or(|end| end > self.file.size())
-                {
-                    return Err(lie(format!(
-                        "row group {rg}: a column chunk at {start}+{len} bytes ends past the \
-                         file's {} bytes",
-                        self.file.size()
-                    )));
-                }
-                compressed += len;
-            }
-            let most = compressed.saturating_mul(8).saturating_add(4096);
-            if rows < 0 || rows as u64 > most {
-                return Err(lie(format!(
-                    "row group {rg} claims {rows} rows in {compressed} bytes of column chunks"
-                )));
-            }
-            sum = sum.saturating_add(rows);
-        }
-        let total = meta.file_metadata().num_rows();
-        if total != sum {
-            return Err(lie(format!(
-                "the file claims {total} rows, its row groups {sum}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Row group `rg` decoded with the columns `cols` (the rows `rows` of
-    /// it when filtered): `expected` rows, else an error (a footer that
-    /// lied about its rows).
-    fn decode(
-        &self,
-        rg: usize,
-        cols: &[String],
-        image: Option<&str>,
-        rows: Option<&[u32]>,
-        expected: usize,
-    ) -> Result<RecordBatch> {
-        let (mask, ranges) = self.chunk_ranges(rg, cols, image);
-        let chunks = self.file.fetch(ranges)?;
-        let meta = self.meta.metadata().row_group(rg);
-        let total = meta.num_rows() as usize;
-        let mut builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(chunks, self.meta.clone())
-                .with_row_groups(vec![rg])
-                .with_projection(mask)
-                .with_batch_size(total.max(1));
-        if let Some(rows) = rows {
-            builder = builder.with_row_selection(selection(rows, total));
-        }
-        let what = format!("cannot decode row group {rg}");
-        let reader = builder.build().map_err(|e| self.file.error(&what, e))?;
-        let batches: Vec<RecordBatch> = reader
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| self.file.error(&what, e))?;
-        // One batch: the batch size is the row group's rows.
-        let n = batches.len();
-        let batch = batches
-            .into_iter()
-            .next()
-            .filter(|_| n == 1)
-            .ok_or_else(|| {
-                self.file.error(
-                    &what,
-                    std::io::Error::other(format!("{n} batches, not one")),
-                )
-            })?;
-        if batch.num_rows() != expected {
-            return Err(self.file.error(
-                &what,
-                std::io::Error::other(format!(
-                    "{} rows decoded, its footer claims {expected}",
-                    batch.num_rows()
-                )),
-            ));
-        }
-        Ok(batch)
-    }
-}
-
-/// A value over the per-record limit every format has
-/// ([`MAX_FILE_BYTES`](super::MAX_FILE_BYTES)) is refused: a few bytes of
-/// zstd can decode to gigabytes.
-fn check_value_size(len: usize) -> std::result::Result<(), String> {
-    if len as u64 > super::MAX_FILE_BYTES {
-        return Err(format!(
-            "a value of {len} bytes, over the {}-byte limit of a record",
-            super::MAX_FILE_BYTES
-        ));
-    }
-    Ok(())
-}
-
-/// Opens `path`'s footer (and page index, when it has one).
-fn open_file(path: &Path, reads: &Arc<Reads>) -> Result<FileMeta> {
-    let file = Arc::new(ParquetFile::open(path, reads.clone())?);
-    if file.size() < 12 {
-        return Err(file.error(
-            "is not a Parquet file",
-            std::io::Error::other(format!("{} bytes: shorter than a footer", file.size())),
-        ));
-    }
-    let metadata = ParquetMetaDataReader::new()
-        .with_page_index_policy(PageIndexPolicy::Optional)
-        .parse_and_finish(&*file)
-        .map_err(|e| file.error("is not a readable Parquet file (its footer)", e))?;
-    let options = ArrowReaderOptions::new();
-    let meta = ArrowReaderMetadata::try_new(Arc::new(metadata), options)
-        .map_err(|e| file.error("has a schema Arrow cannot read", e))?;
-    Ok(FileMeta { file, meta })
-}
-
-/// Rows `rows` (sorted offsets) of a row group of `total` rows.
-fn selection(rows: &[u32], total: usize) -> RowSelection {
-    let mut selectors = Vec::new();
-    let mut at = 0usize;
-    for &r in rows {
-        let r = r as usize;
-        if r > at {
-            selectors.push(RowSelector::skip(r - at));
-        }
-        selectors.push(RowSelector::select(1));
-        at = r + 1;
-    }
-    if total > at {
-        selectors.push(RowSelector::skip(total - at));
-    }
-    selectors.into()
-}
-
-fn column_names(schema: &arrow_schema::Schema) -> Vec<String> {
-    schema.fields().iter().map(|f| f.name().clone()).collect()
-}
-
-fn is_struct_with_bytes(schema: &arrow_schema::Schema, column: &str) -> bool {
-    matches!(
-        schema.field_with_name(column).map(|f| f.data_type()),
-        Ok(DataType::Struct(fields)) if fields.iter().any(|f| f.name() == "bytes")
-    )
-}
-
-/// The bytes of row `at` of an image column: a struct's `bytes` field or
-/// a binary column.
-fn image_bytes(array: &dyn Array, at: usize) -> std::result::Result<&[u8], String> {
-    let array: &dyn Array = match array.as_struct_opt() {
-        Some(s) => struct_field(s, "bytes")?,
-        None => array,
-    };
-    if array.is_null(at) {
-        return Err("the image bytes are null (an image stored by path only)".into());
-    }
-    binary_at(array, at).ok_or_else(|| format!("of type {}, not bytes", array.data_type()))
-}
-
-fn struct_field<'a>(s: &'a StructArray, name: &str) -> std::result::Result<&'a dyn Array, String> {
-    s.column_by_name(name)
-        .map(|a| a.as_ref())
-        .ok_or_else(|| format!("a struct without a {name:?} field"))
-}
-
-fn binary_at(array: &dyn Array, at: usize) -> Option<&[u8]> {
-    match array.data_type() {
-        DataType::Binary => Some(array.as_binary::<i32>().value(at)),
-        DataType::LargeBinary => Some(array.as_binary::<i64>().value(at)),
-        DataType::BinaryView => Some(array.as_binary_view().value(at)),
-        DataType::FixedSizeBinary(_) => Some(array.as_fixed_size_binary().value(at)),
-        _ => None,
-    }
-}
-
-fn text_at(array: &dyn Array, at: usize) -> Option<&str> {
-    match array.data_type() {
-        DataType::Utf8 => Some(array.as_string::<i32>().value(at)),
-        DataType::LargeUtf8 => Some(array.as_string::<i64>().value(at)),
-        DataType::Utf8View => Some(array.as_string_view().value(at)),
-        _ => None,
-    }
-}
-
-fn int_at(array: &dyn Array, at: usize) -> Option<i64> {
-    Some(match array.data_type() {
-        DataType::Int8 => array.as_primitive::<Int8Type>().value(at).into(),
-        DataType::Int16 => array.as_primitive::<Int16Type>().value(at).into(),
-        DataType::Int32 => array.as_primitive::<Int32Type>().value(at).into(),
-        DataType::Int64 => array.as_primitive::<Int64Type>().value(at),
-        DataType::UInt8 => array.as_primitive::<UInt8Type>().value(at).into(),
-        DataType::UInt16 => array.as_primitive::<UInt16Type>().value(at).into(),
-        DataType::UInt32 => array.as_primitive::<UInt32Type>().value(at).into(),
-        DataType::UInt64 => i64::try_from(array.as_primitive::<UInt64Type>().value(at)).ok()?,
-        _ => return None,
-    })
-}
-
-fn float_at(array: &dyn Array, at: usize) -> Option<f32> {
-    Some(match array.data_type() {
-        DataType::Float32 => array.as_primitive::<Float32Type>().value(at),
-        DataType::Float64 => array.as_primitive::<Float64Type>().value(at) as f32,
-        _ => return None,
-    })
-}
-
-/// Row `at` of any column as a record part.
-fn value(array: &ArrayRef, at: usize) -> std::result::Result<Value, String> {
-    if let Some(s) = array.as_struct_opt() {
-        // The Hub's Image and Audio features: the `bytes` field.
-        return image_bytes(s, at).map(|b| Value::Bytes(b.to_vec()));
-    }
-    if array.is_null(at) {
-        return Err("null".into());
-    }
-    if let Some(b) = binary_at(array.as_ref(), at) {
-        return Ok(Value::Bytes(b.to_vec()));
-    }
-    if let Some(t) = text_at(array.as_ref(), at) {
-        return Ok(Value::Text(t.to_string()));
-    }
-    if let Some(v) = int_at(array.as_ref(), at) {
-        return Ok(Value::Int64(vec![v]));
-    }
-    if let Some(v) = float_at(array.as_ref(), at) {
-        return Ok(Value::Float(vec![v]));
-    }
-    let list: Option<ArrayRef> = match array.data_type() {
-        DataType::List(_) => Some(array.as_list::<i32>().value(at)),
-        DataType::LargeList(_) => Some(array.as_list::<i64>().value(at)),
-        DataType::FixedSizeList(..) => Some(array.as_fixed_size_list().value(at)),
-        _ => None,
-    };
-    let Some(items) = list else {
-        return Err(format!(
-            "of type {}, which no part holds",
-            array.data_type()
-        ));
-    };
-    let n = items.len();
-    if let Some(v) = (0..n)
-        .map(|i| int_at(items.as_ref(), i))
-        .collect::<Option<Vec<_>>>()
-    {
-        return Ok(Value::Int64(v));
-    }
-    if let Some(v) = (0..n)
-        .map(|i| float_at(items.as_ref(), i))
-        .collect::<Option<Vec<_>>>()
-    {
-        return Ok(Value::Float(v));
-    }
-    if let Some(v) = (0..n)
-        .map(|i| binary_at(items.as_ref(), i).map(<[u8]>::to_vec))
-        .collect::<Option<Vec<_>>>()
-    {
-        return Ok(Value::BytesList(v));
-    }
-    Err(format!(
-        "a list of {}, which no part holds",
-        items.data_type()
-    ))
-}
+/// Parquet files in the format table.
+pub(crate) const FORMAT: Format = Format {
+    kind: DatasetKind::Parquet,
+    name: "Parquet files",
+    suffixes: &[".parquet"],
+    companions: &[],
+    magic: None,
+    sharded: true,
+    prefix: false,
+    open: |paths| Ok(Box::new(Parquet::open(paths)?)),
+    lenient: None,
+};
 
 impl Source for Parquet {
     fn len(&self) -> usize {
@@ -1083,7 +629,7 @@ impl Source for Parquet {
     /// read-ahead of records would only duplicate (measured: 0.83 of the
     /// local images/s through it from `file://` URLs, where the network
     /// costs nothing).
-    fn is_remote(&self) -> bool {
+    fn wants_read_ahead(&self) -> bool {
         false
     }
 
@@ -1093,13 +639,13 @@ impl Source for Parquet {
 
     /// The block shuffle: row groups permuted, rows shuffled within each
     /// window of `shuffle_window` row groups.
-    fn epoch_order(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
         let groups = self.group_order(seed, epoch);
         let following = epoch.checked_add(1).map(|next| (seed, next));
         {
             // Asked again for the epoch under way (`Loader::batches`, a
             // resume, a second loader): its reads ahead go on.
-            let mut plan = crate::lock(&self.inner.plan);
+            let mut plan = crate::sync::lock(&self.inner.plan);
             if plan.epoch != Some((seed, epoch)) {
                 *plan = Plan::new(groups.clone(), following);
                 plan.epoch = Some((seed, epoch));

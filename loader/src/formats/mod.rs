@@ -1,51 +1,189 @@
-//! Opening a dataset from its path, whatever its format: what `wick`, the
-//! tests and the benches all need. [`detect`] says what kind of dataset a
-//! path holds and why; [`open_path`] opens it.
+//! Every on-disk format, one family a folder: files of one sample each
+//! (`images/`), shards (`shards/`), tokens (`tokens/`) and Parquet tables
+//! (`parquet/`), and opening a dataset from its path whatever its format:
+//! [`detect`] says what kind of dataset a path holds and why; [`open_path`]
+//! opens it. What the public API shows of them is re-exported by
+//! [`crate::source`].
 
-use super::{
-    is_image_path, shard_paths, FileList, ImageFolder, SafetensorsShards, Source, TfRecord,
-    WebDataset,
-};
+pub(crate) mod hf_cache;
+pub(crate) mod images;
+#[cfg(feature = "parquet")]
+pub(crate) mod parquet;
+pub(crate) mod shards;
+pub(crate) mod tokens;
+
+use crate::contract::Source;
 use crate::error::{Error, Result};
+use crate::storage::local::shard_paths;
+use images::is_image_path;
 use std::path::{Path, PathBuf};
 
-/// The file names a TFRecord shard may have (uncompressed, gzip, zlib).
-const TFRECORD: &[&str] = &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"];
+/// One on-disk format: how its files are named (or what they start with),
+/// and how they are opened. [`detect`], [`open_path`], [`DatasetKind`]'s
+/// methods (which `wick inspect` uses) and `wick convert`'s check of its
+/// destination read this table; nothing else names a format's files.
+///
+/// A new format is its reader file ending with its `FORMAT`, a row in
+/// [`FORMATS`] and a [`DatasetKind`] variant (with a `pub use` of the
+/// reader in `source/`); a writer adds its file in `write/` and an arm in
+/// `write::ShardFormat` and in the `wick convert` options.
+pub(crate) struct Format {
+    /// The kind of dataset, as the public API names it.
+    pub(crate) kind: DatasetKind,
+    /// How the kind is named in messages.
+    pub(crate) name: &'static str,
+    /// Endings of the format's files, the usual one first. Empty for an
+    /// image folder, found by its class folders.
+    pub(crate) suffixes: &'static [&'static str],
+    /// Endings of the files that go with each of them (a TFRecord shard's
+    /// index, a Megatron dataset's `.bin`).
+    pub(crate) companions: &'static [&'static str],
+    /// What a file of the format starts with, when its name alone does not
+    /// tell (a Megatron index).
+    pub(crate) magic: Option<&'static [u8]>,
+    /// Files of the format in a folder make a dataset of them (shards):
+    /// `false` for a file list, which is one file named by the user.
+    pub(crate) sharded: bool,
+    /// The dataset is named by its files' common prefix, without the
+    /// ending (a Megatron dataset's `PREFIX`).
+    pub(crate) prefix: bool,
+    /// Opens what [`detect`] found ([`Detected::paths`]) with the format's
+    /// default options.
+    pub(crate) open: Open,
+    /// A more lenient way to open the files when `open` fails, for a
+    /// survey of what they hold, and what it gives up.
+    pub(crate) lenient: Option<(Open, &'static str)>,
+}
+
+/// How a format opens what [`detect`] found.
+pub(crate) type Open = fn(&[PathBuf]) -> Result<Box<dyn Source>>;
+
+#[cfg(feature = "parquet")]
+use parquet::FORMAT as PARQUET;
+
+/// Parquet files without the `parquet` feature: found, and refused with
+/// the feature to turn on.
+#[cfg(not(feature = "parquet"))]
+const PARQUET: Format = Format {
+    kind: DatasetKind::Parquet,
+    name: "Parquet files",
+    suffixes: &[".parquet"],
+    companions: &[],
+    magic: None,
+    sharded: true,
+    prefix: false,
+    open: |paths| {
+        Err(Error::InvalidConfig(format!(
+            "{} holds Parquet files: enable the `parquet` feature",
+            paths
+                .first()
+                .map_or(String::new(), |p| p.display().to_string())
+        )))
+    },
+    lenient: None,
+};
+
+/// Every format, in the order [`detect`] tries them on a file or a URL.
+pub(crate) static FORMATS: &[Format] = &[
+    shards::tfrecord::FORMAT,
+    shards::webdataset::FORMAT,
+    shards::safetensors::FORMAT,
+    PARQUET,
+    tokens::megatron::FORMAT,
+    images::folder::FORMAT,
+    images::list::FORMAT,
+];
+
+/// The table's row for `kind`.
+pub(crate) fn format(kind: DatasetKind) -> &'static Format {
+    FORMATS
+        .iter()
+        .find(|f| f.kind == kind)
+        .expect("every DatasetKind has a row in FORMATS")
+}
+
+/// Whether the file `path` ends in one of `f`'s suffixes (and starts with
+/// its magic, when it has one).
+fn is_of(f: &Format, path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    f.suffixes.iter().any(|s| name.ends_with(s)) && f.magic.is_none_or(|m| starts_with(path, m))
+}
+
+/// Whether the file `path` starts with `magic`.
+fn starts_with(path: &Path, magic: &[u8]) -> bool {
+    let mut head = vec![0u8; magic.len()];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| head == magic)
+}
 
 /// The kind of dataset [`detect`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum DatasetKind {
-    /// TFRecord shards ([`TfRecord`]).
+    /// TFRecord shards ([`TfRecord`](crate::source::TfRecord)).
     TfRecord,
-    /// WebDataset tars ([`WebDataset`]).
+    /// WebDataset tars ([`WebDataset`](crate::source::WebDataset)).
     WebDataset,
-    /// Safetensors shards ([`SafetensorsShards`]).
+    /// Safetensors shards ([`SafetensorsShards`](crate::source::SafetensorsShards)).
     Safetensors,
-    /// Parquet files ([`Parquet`](super::Parquet)): `.parquet` files, or a
+    /// Parquet files ([`Parquet`](crate::source::Parquet)): `.parquet` files, or a
     /// Hugging Face dataset folder's `train` split.
     Parquet,
     /// Megatron indexed datasets, `prefix.bin` + `prefix.idx`
-    /// ([`Megatron`](super::Megatron)): opened with a window length, so
+    /// ([`Megatron`](crate::source::Megatron)): opened with a window length, so
     /// [`open_path`] refuses them.
     Megatron,
-    /// Class folders of images ([`ImageFolder`]).
+    /// Class folders of images ([`ImageFolder`](crate::source::ImageFolder)).
     ImageFolder,
-    /// A list of files and labels ([`FileList`]).
+    /// A list of files and labels ([`FileList`](crate::source::FileList)).
     FileList,
 }
 
 impl DatasetKind {
     /// How the kind is named in messages.
     pub fn name(self) -> &'static str {
-        match self {
-            DatasetKind::TfRecord => "TFRecord shards",
-            DatasetKind::WebDataset => "WebDataset shards (.tar)",
-            DatasetKind::Safetensors => "safetensors shards",
-            DatasetKind::Parquet => "Parquet files",
-            DatasetKind::Megatron => "a Megatron indexed dataset (.bin + .idx)",
-            DatasetKind::ImageFolder => "an image folder (class folders of images)",
-            DatasetKind::FileList => "a file list",
+        format(self).name
+    }
+
+    /// The kind of a local file that belongs to a sharded dataset, by its
+    /// name (and, for a Megatron index, its first bytes): a TFRecord,
+    /// WebDataset or safetensors shard, a Parquet file, a Megatron `.idx`
+    /// (whose dataset is the path without `.idx`). `None` for any other
+    /// file (an image, a list, a Megatron `.bin`).
+    pub fn of_file(path: &Path) -> Option<DatasetKind> {
+        FORMATS
+            .iter()
+            .find(|f| f.sharded && is_of(f, path))
+            .map(|f| f.kind)
+    }
+
+    /// Opens what [`detect`] found, [`Detected::paths`], as this kind with
+    /// its default options ([`open_path`] is `detect` then this). A
+    /// Megatron dataset is an error saying how to open it (it needs a
+    /// window length).
+    pub fn open(self, paths: &[PathBuf]) -> Result<Box<dyn Source>> {
+        (format(self).open)(paths)
+    }
+
+    /// [`open`](Self::open), or, when that fails, as leniently as the
+    /// format allows, for a survey of what the files hold (`wick inspect`):
+    /// WebDataset shards without labels. The source, and what the lenient
+    /// way gave up (`Some("labels")`) when it was taken.
+    pub fn open_lenient(
+        self,
+        paths: &[PathBuf],
+    ) -> Result<(Box<dyn Source>, Option<&'static str>)> {
+        let f = format(self);
+        match (f.open)(paths) {
+            Ok(source) => Ok((source, None)),
+            Err(e) => match f.lenient {
+                Some((open, gives_up)) => match open(paths) {
+                    Ok(source) => Ok((source, Some(gives_up))),
+                    Err(_) => Err(e),
+                },
+                None => Err(e),
+            },
         }
     }
 }
@@ -75,7 +213,7 @@ struct Survey {
 }
 
 /// What a folder holds, kind by kind. Images are counted inside class
-/// folders (as [`ImageFolder`] reads them) and outside (which it leaves
+/// folders (as [`ImageFolder`](crate::source::ImageFolder) reads them) and outside (which it leaves
 /// out); `cap` stops the count of the former once it is reached.
 fn survey_folder(dir: &Path, cap: usize) -> Result<Survey> {
     let io = |source| Error::Io {
@@ -100,19 +238,14 @@ fn survey_folder(dir: &Path, cap: usize) -> Result<Survey> {
         None => kinds.push((kind, vec![path])),
     };
     for path in entries.iter().filter(|p| !hidden(p)) {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if path.is_dir() {
             count_images(path, cap, &mut class_images);
-        } else if TFRECORD.iter().any(|s| name.ends_with(s)) {
-            add(DatasetKind::TfRecord, path.clone());
-        } else if name.ends_with(".tar") {
-            add(DatasetKind::WebDataset, path.clone());
-        } else if name.ends_with(".safetensors") {
-            add(DatasetKind::Safetensors, path.clone());
-        } else if name.ends_with(".parquet") {
-            add(DatasetKind::Parquet, path.clone());
-        } else if name.ends_with(".idx") && is_megatron_index(path) {
-            add(DatasetKind::Megatron, path.with_extension(""));
+        } else if let Some(f) = FORMATS.iter().find(|f| f.sharded && is_of(f, path)) {
+            let name = match f.prefix {
+                true => path.with_extension(""),
+                false => path.clone(),
+            };
+            add(f.kind, name);
         } else if is_image_path(path) {
             loose_images.push(path.clone());
         }
@@ -156,7 +289,7 @@ fn count_images(dir: &Path, cap: usize, out: &mut Vec<PathBuf>) {
 /// URL prefix in one of the Hub's layouts), if it is one.
 #[cfg(feature = "parquet")]
 fn hub_train(path: &Path) -> Option<Detected> {
-    let found = super::hub_files(path, "train", &super::HubOptions::default()).ok()?;
+    let found = parquet::hub_files(path, "train", &parquet::HubOptions::default()).ok()?;
     Some(Detected {
         kind: DatasetKind::Parquet,
         paths: found.files,
@@ -168,12 +301,11 @@ fn hub_train(path: &Path) -> Option<Detected> {
     })
 }
 
-/// Whether `path` starts with a Megatron index's magic.
-fn is_megatron_index(path: &Path) -> bool {
-    let mut magic = [0u8; 9];
-    std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .is_ok_and(|()| &magic == b"MMIDIDX\0\0")
+/// The file `path` with `suffix` appended (`PREFIX` + `.idx`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
 }
 
 /// Says what kind of dataset `path` holds and why, and which files of
@@ -200,13 +332,10 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
         strays: Vec::new(),
     };
     let has = |suffixes: &[&str]| shard_paths(path, suffixes).ok();
+    let megatron = format(DatasetKind::Megatron);
     if crate::storage::is_url(path) || path.is_file() {
-        for (kind, suffixes) in [
-            (DatasetKind::TfRecord, TFRECORD),
-            (DatasetKind::WebDataset, &[".tar"][..]),
-            (DatasetKind::Safetensors, &[".safetensors"][..]),
-            (DatasetKind::Parquet, &[".parquet"][..]),
-        ] {
+        for f in FORMATS.iter().filter(|f| f.sharded && !f.prefix) {
+            let (kind, suffixes) = (f.kind, f.suffixes);
             if let Some(paths) = has(suffixes) {
                 #[cfg(feature = "parquet")]
                 if kind == DatasetKind::Parquet && paths.len() > 1 {
@@ -232,29 +361,39 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
                 return Ok(found);
             }
         }
-        let megatron = (name.ends_with(".idx") || name.ends_with(".bin"))
-            && (crate::storage::is_url(path) || is_megatron_index(&path.with_extension("idx")));
-        if megatron {
+        let prefix = path.with_extension("");
+        let is_megatron = megatron
+            .suffixes
+            .iter()
+            .chain(megatron.companions)
+            .any(|s| name.ends_with(s))
+            && (crate::storage::is_url(path)
+                || is_of(megatron, &with_suffix(&prefix, megatron.suffixes[0])));
+        if is_megatron {
             let why = "a .bin / .idx file: a Megatron indexed dataset's".to_string();
             return Ok(Detected {
                 paths: vec![path.with_extension("")],
                 ..one(DatasetKind::Megatron, why)
             });
         }
-        let list = [".csv", ".tsv", ".txt"].iter().any(|s| name.ends_with(s));
+        let list = format(DatasetKind::FileList)
+            .suffixes
+            .iter()
+            .any(|s| name.ends_with(s));
         if crate::storage::is_url(path) && !list {
             // Megatron datasets under a URL: its prefix, or a folder of
             // them (each PREFIX.idx listed).
             let url = crate::storage::url_of(path)
                 .trim_end_matches('/')
                 .to_string();
-            if crate::storage::Blob::open(Path::new(&format!("{url}.idx"))).is_ok() {
+            let idx = format!("{url}{}", megatron.suffixes[0]);
+            if crate::storage::Blob::open(Path::new(&idx)).is_ok() {
                 return Ok(one(
                     DatasetKind::Megatron,
                     "a prefix of a Megatron indexed dataset (PREFIX.idx, PREFIX.bin)".into(),
                 ));
             }
-            if let Some(idx) = has(&[".idx"]) {
+            if let Some(idx) = has(megatron.suffixes) {
                 let paths: Vec<PathBuf> = idx.iter().map(|p| p.with_extension("")).collect();
                 let why = format!("{} Megatron indexed dataset(s) (*.idx)", paths.len());
                 return Ok(Detected {
@@ -277,9 +416,7 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
     }
     if !path.is_dir() {
         // A Megatron prefix, as Megatron's data paths name a dataset.
-        let mut idx = path.as_os_str().to_owned();
-        idx.push(".idx");
-        if is_megatron_index(Path::new(&idx)) {
+        if is_of(megatron, &with_suffix(path, megatron.suffixes[0])) {
             return Ok(one(
                 DatasetKind::Megatron,
                 "a prefix of a Megatron indexed dataset (PREFIX.idx, PREFIX.bin)".into(),
@@ -365,9 +502,9 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
 /// `.tfrecord.zz`), WebDataset tars (`.tar`), safetensors shards
 /// (`.safetensors`) or Parquet files (`.parquet`), each a file, a folder
 /// of them or a URL; a Hugging Face dataset folder's train split; a folder of
-/// class folders as an [`ImageFolder`]; another file as a [`FileList`].
+/// class folders as an [`ImageFolder`](crate::source::ImageFolder); another file as a [`FileList`](crate::source::FileList).
 /// Default options each. A Megatron dataset needs a window length: open
-/// it with [`Megatron::open`](super::Megatron::open).
+/// it with [`Megatron::open`](crate::source::Megatron::open).
 ///
 /// ```no_run
 /// # fn main() -> candle_wick::Result<()> {
@@ -378,32 +515,8 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
 /// # Ok(()) }
 /// ```
 pub fn open_path(path: impl AsRef<Path>) -> Result<Box<dyn Source>> {
-    let path = path.as_ref();
     let found = detect(path)?;
-    Ok(match found.kind {
-        DatasetKind::TfRecord => Box::new(TfRecord::open(found.paths)?),
-        DatasetKind::WebDataset => Box::new(WebDataset::open(found.paths)?),
-        DatasetKind::Safetensors => Box::new(SafetensorsShards::open(found.paths)?),
-        #[cfg(feature = "parquet")]
-        DatasetKind::Parquet => Box::new(super::Parquet::open(found.paths)?),
-        #[cfg(not(feature = "parquet"))]
-        DatasetKind::Parquet => {
-            return Err(Error::InvalidConfig(format!(
-                "{} holds Parquet files: enable the `parquet` feature (on by default)",
-                path.display()
-            )))
-        }
-        DatasetKind::ImageFolder => Box::new(ImageFolder::new(path)?),
-        DatasetKind::FileList => Box::new(FileList::new(path)?),
-        DatasetKind::Megatron => {
-            return Err(Error::InvalidConfig(format!(
-                "{} holds {}: open it with Megatron::open(prefixes, seq_len, windows), which \
-                 needs the window length",
-                path.display(),
-                DatasetKind::Megatron.name()
-            )))
-        }
-    })
+    found.kind.open(&found.paths)
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ impl ParquetFile {
             .bytes
             .fetch_add(range.end - range.start, Ordering::Relaxed);
         if self.reads.record.load(Ordering::Relaxed) {
-            crate::lock(&self.reads.ranges).push((self.path.clone(), range.clone()));
+            crate::sync::lock(&self.reads.ranges).push((self.path.clone(), range.clone()));
         }
     }
 
@@ -260,18 +260,18 @@ impl RowGroupCache {
 
     /// Whether row group `key` is held or being decoded.
     pub(super) fn contains(&self, key: Key) -> bool {
-        crate::lock(&self.state).slots.contains_key(&key)
+        crate::sync::lock(&self.state).slots.contains_key(&key)
     }
 
     /// Whether `bytes` more would fit beside what is held and being
     /// decoded (for read-ahead, which does not evict to make room).
     pub(super) fn has_room(&self, bytes: u64) -> bool {
-        crate::lock(&self.state).total + bytes <= self.max_bytes
+        crate::sync::lock(&self.state).total + bytes <= self.max_bytes
     }
 
     /// Bytes of the decoded row groups held and being decoded.
     pub(super) fn memory(&self) -> u64 {
-        crate::lock(&self.state).total
+        crate::sync::lock(&self.state).total
     }
 
     /// Row group `key`, decoded by `decode` unless held (or being decoded
@@ -284,7 +284,7 @@ impl RowGroupCache {
         decode: impl FnOnce() -> Result<RecordBatch>,
     ) -> Result<Arc<RecordBatch>> {
         let slot = {
-            let mut s = crate::lock(&self.state);
+            let mut s = crate::sync::lock(&self.state);
             if let Some(i) = s.order.iter().position(|k| *k == key) {
                 s.order.remove(i);
             }
@@ -300,12 +300,12 @@ impl RowGroupCache {
             }
             slot
         };
-        let mut held = crate::lock(&slot.batch);
+        let mut held = crate::sync::lock(&slot.batch);
         if let Some(b) = &*held {
             return Ok(b.clone());
         }
         let decoded = decode();
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         let mine = s.slots.get(&key).is_some_and(|k| Arc::ptr_eq(k, &slot));
         let batch = match decoded {
             Ok(b) => Arc::new(b),

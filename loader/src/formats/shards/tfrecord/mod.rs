@@ -12,9 +12,11 @@ mod index;
 pub(crate) use example::example_bytes;
 pub(crate) use framing::masked_crc;
 
-use super::shards::{shard_error, ShardOptions, ShardSet};
-use super::{Damage, Parts, Record, RecordStream, ShardInfo, Source};
+use super::{ShardOptions, ShardSet};
+use crate::contract::{Damage, Parts, Record, RecordStream, ShardInfo, Source};
+use crate::error::shard_error;
 use crate::error::{Error, Result};
+use crate::formats::{DatasetKind, Format};
 use crate::storage::{Blob, BlobReader};
 use example::parse_example;
 use framing::{check_record, scan, RecordReader};
@@ -139,7 +141,7 @@ impl TfRecord {
             .collect();
         // Each shard indexed on its own (at once when remote), with its own
         // damage list, merged in order below.
-        let opened = super::shards::open_each(&paths, |path| {
+        let opened = super::open_each(&paths, |path| {
             let mut set = ShardSet::default();
             let compression = opts.compression.resolve(path);
             let (file, len) = Blob::open(path)?;
@@ -198,11 +200,21 @@ impl TfRecord {
     }
 }
 
-impl Source for TfRecord {
-    fn is_remote(&self) -> bool {
-        self.shards.iter().any(|s| crate::storage::is_url(&s.path))
-    }
+/// TFRecord shards in the format table: uncompressed, gzip or zlib, each
+/// with the index `wick convert` writes beside it.
+pub(crate) const FORMAT: Format = Format {
+    kind: DatasetKind::TfRecord,
+    name: "TFRecord shards",
+    suffixes: &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"],
+    companions: &[".idx"],
+    magic: None,
+    sharded: true,
+    prefix: false,
+    open: |paths| Ok(Box::new(TfRecord::open(paths)?)),
+    lenient: None,
+};
 
+impl Source for TfRecord {
     fn len(&self) -> usize {
         self.set.len()
     }

@@ -1,8 +1,8 @@
 //! The `tf.train.Example` proto: the subset wick reads (an image's bytes
 //! and its class) and writes.
 
-use crate::source::shards::Cause;
-use crate::source::{Parts, Value};
+use crate::contract::{Parts, Value};
+use crate::error::Cause;
 use prost::Message;
 use std::collections::HashMap;
 

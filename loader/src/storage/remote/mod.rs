@@ -15,240 +15,20 @@ use crate::error::{Error, Result};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-/// Threads of the I/O runtime: requests wait on the network, not the CPU.
-const IO_THREADS: usize = 2;
+mod runtime;
+mod stores;
+mod upload;
 
-fn runtime() -> Result<&'static tokio::runtime::Runtime> {
-    static RT: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(IO_THREADS)
-            .thread_name("wick-io")
-            .enable_time()
-            .enable_io()
-            .build()
-            .map_err(|e| e.to_string())
-    })
-    .as_ref()
-    .map_err(|e| Error::InvalidConfig(format!("cannot start the object-store I/O runtime: {e}")))
-}
-
-/// reqwest's rustls is built without a crypto provider (no C build of
-/// aws-lc): installs ring's before the first client is made, unless the
-/// program installed one (a program that wants rustls's post-quantum key
-/// exchange installs aws-lc-rs's provider before the first remote read).
-fn crypto() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        #[allow(deprecated)] // ring's provider lacks post-quantum key exchange only
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-/// Runs `f` on the I/O runtime and waits for it.
-pub(crate) fn block_on<T: Send + 'static>(
-    f: impl std::future::Future<Output = T> + Send + 'static,
-) -> Result<T> {
-    let rt = runtime()?;
-    // From inside a runtime (a user's async code calling the loader),
-    // `block_on` would panic: run the future on the I/O threads instead.
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    rt.spawn(async move {
-        let _ = tx.send(f.await);
-    });
-    rx.recv()
-        .map_err(|_| Error::InvalidConfig("the object-store I/O runtime stopped".into()))
-}
-
-/// Options for the URLs under a prefix: `(prefix, [(key, value)])`.
-type Prefixed = Vec<(String, Vec<(String, String)>)>;
-
-/// Options given with [`configure`](super::configure), by URL prefix.
-fn options() -> &'static Mutex<Prefixed> {
-    static OPTS: OnceLock<Mutex<Prefixed>> = OnceLock::new();
-    OPTS.get_or_init(Default::default)
-}
-
-pub(crate) fn configure(prefix: &str, opts: Vec<(String, String)>) {
-    let mut all = crate::lock(options());
-    all.retain(|(p, _)| p != prefix);
-    all.push((prefix.to_string(), opts));
-    // A store made before keeps its settings: forget it.
-    crate::lock(stores()).retain(|(root, _), _| !under(root, prefix) && !under(prefix, root));
-}
-
-/// Whether `url` is `prefix` or under it at a path boundary:
-/// `s3://data` holds `s3://data/x`, not `s3://data-public/x`.
-fn under(url: &str, prefix: &str) -> bool {
-    url.strip_prefix(prefix)
-        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
-}
-
-/// What a client is made for: ranged reads (every request bounded in
-/// time, 30 s) or whole objects (bounded by progress: a read that waits
-/// 30 s for a byte fails, a long transfer does not).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Use {
-    Ranges,
-    Whole,
-}
-
-/// The clients made, by store root and use.
-type Stores = HashMap<(String, Use), Arc<dyn ObjectStore>>;
-
-fn stores() -> &'static Mutex<Stores> {
-    static STORES: OnceLock<Mutex<Stores>> = OnceLock::new();
-    STORES.get_or_init(Default::default)
-}
-
-/// `scheme://authority` and the object path of `url`.
-fn split(url: &str) -> Result<(String, &str, &str)> {
-    let bad = |why: &str| {
-        let shown = crate::error::redact(url);
-        Error::InvalidConfig(format!("{shown:?} is not a storage URL: {why}"))
-    };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if scheme != "file" && authority.is_empty() {
-        return Err(bad("no bucket or host"));
-    }
-    // Neither would be sent (object_store takes neither from a URL), and
-    // both would be printed wherever the URL is: refused, the message
-    // showing the URL without them.
-    if authority.contains('@') {
-        return Err(bad(
-            "a user or password in the URL is not sent: give credentials with \
-             storage::configure or the environment (AWS_*, GOOGLE_*, AZURE_*)",
-        ));
-    }
-    if path.contains('?') || path.contains('#') {
-        return Err(bad(
-            "a query string (a presigned or SAS URL) is not read: give credentials with \
-             storage::configure or the environment",
-        ));
-    }
-    Ok((format!("{scheme}://{authority}"), scheme, path))
-}
-
-/// The store that holds `url`, and the object's path in it.
-pub(crate) fn store(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
-    store_for(url, Use::Ranges)
-}
-
-/// [`store`] with a client made for `purpose`.
-fn store_for(url: &str, purpose: Use) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
-    let (root, scheme, path) = split(url)?;
-    crypto();
-    let object = if scheme == "file" {
-        ObjectPath::from_absolute_path(format!("/{path}"))
-    } else {
-        ObjectPath::from_url_path(path)
-    }
-    .map_err(|e| remote_error(url, "bad object path", object_store::Error::from(e)))?;
-    if let Some(s) = crate::lock(stores()).get(&(root.clone(), purpose)) {
-        return Ok((s.clone(), object));
-    }
-    let opts: Vec<(String, String)> = crate::lock(options())
-        .iter()
-        .filter(|(p, _)| under(url, p))
-        .flat_map(|(_, o)| o.clone())
-        .collect();
-    // Bounded: a paused server surfaces as an error the loader's own
-    // `retry(n)` policy sees (transient), not a minutes-long hang.
-    let retry = RetryConfig {
-        max_retries: 3,
-        retry_timeout: Duration::from_secs(20),
-        ..Default::default()
-    };
-    // Bounded requests, set as options so the environment's other client
-    // settings (`AWS_ALLOW_HTTP`, proxies) stay; given options come after.
-    // A whole object's transfer takes what its size and the link make
-    // it: bounded by progress (30 s without a byte fails), and its total
-    // time bounded only far above any real transfer, each part resumed
-    // from where it stopped (`fetch_whole`).
-    let mut opts = opts;
-    if purpose == Use::Whole {
-        // A total time given for requests is not one for transfers.
-        opts.retain(|(k, _)| k != "timeout");
-    }
-    let mut defaults = match purpose {
-        Use::Ranges => vec![("timeout", "30s"), ("connect_timeout", "5s")],
-        Use::Whole => vec![
-            ("timeout", "6h"),
-            ("read_timeout", "30s"),
-            ("connect_timeout", "5s"),
-        ],
-    };
-    if scheme == "http" {
-        defaults.push(("allow_http", "true"));
-    }
-    opts.splice(
-        0..0,
-        defaults
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string())),
-    );
-    // The cloud builders share these methods but no trait: one macro.
-    macro_rules! build {
-        ($builder:expr) => {{
-            let mut b = $builder.with_url(root.clone()).with_retry(retry);
-            for (k, v) in &opts {
-                b = b.with_config(k.parse().map_err(|e| option_error(url, k, e))?, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }};
-    }
-    let made: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
-        "s3" | "s3a" => build!(object_store::aws::AmazonS3Builder::from_env()),
-        "gs" => build!(object_store::gcp::GoogleCloudStorageBuilder::from_env()),
-        "az" | "azure" | "abfs" | "abfss" => {
-            build!(object_store::azure::MicrosoftAzureBuilder::from_env())
-        }
-        "http" | "https" => build!(object_store::http::HttpBuilder::new()),
-        "file" => Ok(Arc::new(object_store::local::LocalFileSystem::new()) as _),
-        other => {
-            return Err(Error::InvalidConfig(format!(
-                "{url:?}: no store for {other}:// (s3, gs, az, http, https and file are read)"
-            )))
-        }
-    };
-    let made = made.map_err(|e| remote_error(url, "cannot set up the object store", e))?;
-    crate::lock(stores()).insert((root, purpose), made.clone());
-    Ok((made, object))
-}
-
-/// The error for a failed request on `url`: transient unless the store
-/// says the object is missing, access is denied or the request is bad.
-pub(crate) fn remote_error(url: &str, what: &str, e: object_store::Error) -> Error {
-    use object_store::Error as E;
-    let (reason, transient) = match &e {
-        E::NotFound { .. } => ("not found (no such object or bucket)".to_string(), false),
-        E::PermissionDenied { .. } => ("permission denied".to_string(), false),
-        E::Unauthenticated { .. } => (
-            "not authenticated (check the credentials in the environment)".to_string(),
-            false,
-        ),
-        E::InvalidPath { .. } | E::NotSupported { .. } | E::UnknownConfigurationKey { .. } => {
-            (what.to_string(), false)
-        }
-        _ => (what.to_string(), true),
-    };
-    Error::Remote {
-        url: url.to_string(),
-        reason,
-        transient,
-        source: Box::new(e),
-    }
-}
-
-fn option_error(url: &str, key: &str, e: object_store::Error) -> Error {
-    remote_error(url, &format!("unknown object-store option {key:?}"), e)
-}
+pub(crate) use runtime::block_on;
+use runtime::runtime;
+pub(crate) use stores::{configure, remote_error, store};
+use stores::{split, store_for, Use};
+pub(crate) use upload::upload;
 
 /// A version of an object: its entity tag, else its modification time (a
 /// server without tags).
@@ -349,7 +129,7 @@ impl Object {
     pub(crate) fn open(url: &str) -> Result<Self> {
         let (store, path) = store(url)?;
         let root: Arc<str> = split(url)?.0.into();
-        let (size, version) = match crate::lock(listed()).remove(url) {
+        let (size, version) = match crate::sync::lock(listed()).remove(url) {
             Some(known) => known,
             None => {
                 let (s, p) = (store.clone(), path.clone());
@@ -465,7 +245,9 @@ fn backoffs() -> &'static Mutex<HashMap<String, Backoff>> {
 
 /// Waits out the back-off of the store `root`, if it has one.
 fn backoff_wait(root: &str) {
-    let until = crate::lock(backoffs()).get(root).and_then(|b| b.until);
+    let until = crate::sync::lock(backoffs())
+        .get(root)
+        .and_then(|b| b.until);
     if let Some(wait) = until.and_then(|u| u.checked_duration_since(std::time::Instant::now())) {
         std::thread::sleep(wait);
     }
@@ -474,7 +256,7 @@ fn backoff_wait(root: &str) {
 /// Notes how a request to the store `root` went.
 fn backoff_note<T>(root: &str, got: &std::result::Result<T, object_store::Error>) {
     use object_store::Error as E;
-    let mut all = crate::lock(backoffs());
+    let mut all = crate::sync::lock(backoffs());
     match got {
         Ok(_) => {
             all.remove(root);
@@ -678,7 +460,7 @@ async fn write_off_thread(
 /// fetched anew), else under its URL alone.
 pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes, u64>> {
     let cache = super::cache::current();
-    let seen = crate::lock(listed()).get(url).cloned();
+    let seen = crate::sync::lock(listed()).get(url).cloned();
     let key = seen
         .as_ref()
         .map_or_else(|| url.to_string(), |(size, v)| v.key(url, *size));
@@ -728,7 +510,7 @@ pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<String>> {
     })?
     .map_err(|e| remote_error(url, "cannot list the objects", e))?;
     let mut urls: Vec<String> = Vec::with_capacity(metas.len());
-    let mut seen = crate::lock(listed());
+    let mut seen = crate::sync::lock(listed());
     // Kept for the opens that follow a listing of shards; a huge listing
     // (an image folder's files, read with GETs) is not kept.
     let keep = metas.len() <= 100_000;
@@ -763,82 +545,6 @@ pub(crate) fn delete(url: &str) -> Result<()> {
         .map_err(|e| remote_error(url, "cannot delete the object", e))
 }
 
-/// Bytes over which an upload goes in parts (S3 multipart and the like).
-const ONE_PUT: u64 = 32 << 20;
-
-/// Writes the local file `local` as the object `url`: one PUT, or a
-/// multipart upload of 16 MiB parts (4 in flight) for a larger file.
-pub(crate) fn upload(local: &std::path::Path, url: &str) -> Result<()> {
-    upload_in(local, url, (ONE_PUT, 16 << 20))
-}
-
-/// File work of an upload, run off the I/O threads: bytes read, and the
-/// file to read on from.
-type FileJob = Box<dyn FnOnce() -> std::io::Result<(Vec<u8>, Option<std::fs::File>)> + Send>;
-
-/// [`upload`] with the one-PUT limit and the part size given. A failed
-/// multipart upload is aborted, so no parts are left behind (and billed).
-fn upload_in(local: &std::path::Path, url: &str, (one_put, part): (u64, usize)) -> Result<()> {
-    let (store, path) = store(url)?;
-    let (local, owned_url) = (local.to_path_buf(), url.to_string());
-    block_on(async move {
-        let io = |source| Error::Io {
-            path: local.clone(),
-            source,
-        };
-        let failed = |e| remote_error(&owned_url, "cannot write the object", e);
-        // File reads run off the I/O threads, which every request shares.
-        let blocking = |f: FileJob| async move {
-            tokio::task::spawn_blocking(f)
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
-        };
-        let len = std::fs::metadata(&local).map_err(io)?.len();
-        if len <= one_put {
-            let l = local.clone();
-            let (bytes, _) = blocking(Box::new(move || Ok((std::fs::read(l)?, None))))
-                .await
-                .map_err(io)?;
-            store.put(&path, bytes.into()).await.map_err(failed)?;
-            return Ok(());
-        }
-        let parts = store.put_multipart(&path).await.map_err(failed)?;
-        let mut w = WriteMultipart::new_with_chunk_size(parts, part);
-        let mut file = Some(std::fs::File::open(&local).map_err(io)?);
-        let size = part.div_ceil(2);
-        let written: Result<()> = async {
-            loop {
-                let mut f = file.take();
-                let (buf, f) = blocking(Box::new(move || {
-                    let mut buf = vec![0; size];
-                    let n = match &mut f {
-                        Some(f) => std::io::Read::read(f, &mut buf)?,
-                        None => 0,
-                    };
-                    buf.truncate(n);
-                    Ok((buf, f))
-                }))
-                .await
-                .map_err(io)?;
-                file = f;
-                if buf.is_empty() {
-                    return Ok(());
-                }
-                w.wait_for_capacity(4).await.map_err(failed)?;
-                w.write(&buf);
-            }
-        }
-        .await;
-        match written {
-            Ok(()) => w.finish().await.map_err(failed).map(drop),
-            Err(e) => {
-                let _ = w.abort().await;
-                Err(e)
-            }
-        }
-    })?
-}
-
 /// The object `url` whole as an open local file, to map or read as a
 /// local file: the remote cache's file when it has a directory (fetched
 /// into it when missing or deleted by another process), else a temporary
@@ -866,127 +572,4 @@ pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
 }
 
 #[cfg(test)]
-mod tests {
-    /// `configure("s3://data", ..)` is for that bucket, not
-    /// `s3://data-public`.
-    #[test]
-    fn options_apply_under_their_prefix_at_a_boundary() {
-        use super::under;
-        assert!(under("s3://data/x.tar", "s3://data"));
-        assert!(under("s3://data", "s3://data"));
-        assert!(under("s3://data/train/x", "s3://data/"));
-        assert!(!under("s3://data-public/x.tar", "s3://data"));
-        assert!(!under("s3://datasets/x", "s3://data"));
-        assert!(under("https://host/a/b", "https://host/a"));
-        assert!(!under("https://host/ab", "https://host/a"));
-    }
-
-    /// A listing's entity tag may not be the reads' (an S3 API listed, its
-    /// objects served by a proxy or CDN: the bench's nginx in front of
-    /// s3rver): the first read's version is the one later reads require,
-    /// and a rewrite after it is refused.
-    #[test]
-    fn reads_require_the_version_their_first_read_got() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.bin");
-        std::fs::write(&path, [1u8; 4096]).unwrap();
-        let url = format!("file://{}", path.display());
-        let listed_as = super::Version {
-            e_tag: Some("\"a-tag-another-server-gave\"".into()),
-            modified: None,
-        };
-        crate::lock(super::listed()).insert(url.clone(), (4096, listed_as));
-        let o = super::Object::open(&url).unwrap();
-        assert_eq!(o.get_range(0..10).unwrap().len(), 10);
-        assert_eq!(o.get_range(100..200).unwrap().len(), 100);
-        std::fs::write(&path, [2u8; 4096]).unwrap();
-        let e = o.get_range(0..10).unwrap_err();
-        assert!(e.to_string().contains("changed"), "{e}");
-    }
-
-    /// After a transient failure every read of the store waits, the wait
-    /// doubling with each failure up to 5 s; a success ends it; answers
-    /// about the object (not found, changed) do not count.
-    #[test]
-    fn a_store_backs_off_for_all_its_reads_after_a_failure() {
-        use super::{backoff_note, backoffs, BACKOFF_MOST};
-        let root = "s3://backoff-test";
-        let failed = || -> Result<(), object_store::Error> {
-            Err(object_store::Error::Generic {
-                store: "S3",
-                source: "503 SlowDown".into(),
-            })
-        };
-        let wait = || {
-            let b = crate::lock(backoffs());
-            b.get(root)
-                .and_then(|b| b.until)
-                .map(|u| u.saturating_duration_since(std::time::Instant::now()))
-        };
-        backoff_note(root, &failed());
-        let first = wait().expect("a back-off");
-        backoff_note(root, &failed());
-        let second = wait().expect("a back-off");
-        assert!(second > first, "{second:?} after {first:?}");
-        for _ in 0..20 {
-            backoff_note(root, &failed());
-        }
-        assert!(wait().unwrap() <= BACKOFF_MOST);
-        let not_found = Err::<(), _>(object_store::Error::NotFound {
-            path: "x".into(),
-            source: "gone".into(),
-        });
-        backoff_note(root, &not_found);
-        assert!(wait().is_some(), "a missing object is not the store's load");
-        backoff_note(root, &Ok::<(), object_store::Error>(()));
-        assert_eq!(wait(), None);
-    }
-
-    /// The store's `Debug` prints an Azure SAS token (object_store derives
-    /// it); an object's does not.
-    #[test]
-    fn an_object_prints_no_credentials() {
-        super::configure(
-            "az://wickdebug",
-            vec![
-                ("azure_storage_account_name".into(), "acct".into()),
-                (
-                    "azure_storage_sas_key".into(),
-                    "sv=2024-01-01&sig=TOPSECRETSIGNATURE".into(),
-                ),
-            ],
-        );
-        let (store, path) = super::store("az://wickdebug/x.parquet").unwrap();
-        assert!(format!("{store:?}").contains("TOPSECRET"), "the probe");
-        let o = super::Object {
-            store,
-            root: "az://wickdebug".into(),
-            path,
-            url: "az://wickdebug/x.parquet".into(),
-            len: 1,
-            pinned: Default::default(),
-            key: "k".into(),
-        };
-        let shown = format!("{o:?} {:?}", crate::storage::Blob::Remote(o.clone()));
-        assert!(!shown.contains("TOPSECRET"), "{shown}");
-        assert!(shown.contains("az://wickdebug/x.parquet"), "{shown}");
-    }
-
-    /// An upload in one PUT and in parts (small limits here) writes the
-    /// file's bytes, and an upload to a bad URL names it.
-    #[test]
-    fn uploads_write_the_file_whole_and_in_parts() {
-        let dir = tempfile::tempdir().unwrap();
-        let local = dir.path().join("shard.bin");
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
-        std::fs::write(&local, &data).unwrap();
-        for (name, limits) in [("one", (1 << 20, 1 << 20)), ("parts", (1000, 7000))] {
-            let url = format!("file://{}/up/{name}.bin", dir.path().display());
-            super::upload_in(&local, &url, limits).unwrap();
-            let got = std::fs::read(dir.path().join("up").join(format!("{name}.bin"))).unwrap();
-            assert!(got == data, "{name}");
-        }
-        let err = super::upload(&local, "nope://x/y").unwrap_err();
-        assert!(err.to_string().contains("nope://x/y"), "{err}");
-    }
-}
+mod tests;

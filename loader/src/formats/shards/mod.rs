@@ -1,0 +1,157 @@
+//! What the sharded sources (TFRecord, WebDataset tar, safetensors) share:
+//! the shard table, positioned reads and the damage report.
+
+pub(crate) mod safetensors;
+pub(crate) mod tfrecord;
+pub(crate) mod webdataset;
+
+pub use safetensors::SafetensorsShards;
+pub use tfrecord::{Compression, TfRecord, TfRecordOptions};
+pub use webdataset::{WebDataset, WebDatasetOptions};
+
+use crate::contract::{check_index, Damage, ShardInfo};
+use crate::error::{shard_error, Cause, Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Options every sharded source takes.
+#[derive(Debug, Clone, Default)]
+pub struct ShardOptions {
+    /// When opening finds a shard damaged past repair (a truncated record,
+    /// a record length whose checksum fails, a bad tar header), keep the
+    /// records before the damage and list it in [`crate::Source::damage`]
+    /// instead of failing. Default `false`: opening fails with an error
+    /// naming the shard and the byte offset. A record whose payload is
+    /// damaged but whose extent is known (a bad data checksum) is found
+    /// when it is read and handled by [`crate::BadSamples`].
+    pub skip_damaged: bool,
+}
+
+/// The shard table of a source: which shard holds global record `i`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ShardSet {
+    pub(crate) infos: Vec<ShardInfo>,
+    pub(crate) damage: Vec<Damage>,
+}
+
+/// Shards opened at once when they are remote (each open waits on the
+/// network: a HEAD request, an index pass).
+const OPEN_AT_ONCE: usize = 16;
+
+/// `open` applied to every path, results in the paths' order: one after
+/// another for local files, up to [`OPEN_AT_ONCE`] at a time on threads of
+/// their own when any path is a URL (opening 1,000 objects one round trip
+/// after another would take minutes).
+pub(crate) fn open_each<T: Send>(
+    paths: &[PathBuf],
+    open: impl Fn(&Path) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    if !paths.iter().any(|p| crate::storage::is_url(p)) {
+        return paths.iter().map(|p| open(p)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<Result<T>>> = paths.iter().map(|_| None).collect();
+    let slots: Vec<std::sync::Mutex<&mut Option<Result<T>>>> =
+        out.iter_mut().map(std::sync::Mutex::new).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..OPEN_AT_ONCE.min(paths.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(path) = paths.get(i) else { break };
+                let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open(path)))
+                    .unwrap_or_else(|_| {
+                        Err(shard_error(
+                            path,
+                            0,
+                            "opening the shard panicked".to_string(),
+                        ))
+                    });
+                **crate::sync::lock(&slots[i]) = Some(opened);
+            });
+        }
+    });
+    drop(slots);
+    out.into_iter()
+        .zip(paths)
+        .map(|(r, p)| r.unwrap_or_else(|| Err(shard_error(p, 0, "not opened".to_string()))))
+        .collect()
+}
+
+impl ShardSet {
+    /// Appends a shard of `records` records.
+    pub(crate) fn push(&mut self, path: &Path, records: usize) {
+        let first = self.len();
+        self.infos.push(ShardInfo {
+            path: path.to_path_buf(),
+            records,
+            first,
+        });
+    }
+
+    /// Total records.
+    pub(crate) fn len(&self) -> usize {
+        self.infos.last().map_or(0, |s| s.first + s.records)
+    }
+
+    /// `(shard, record within the shard)` of global record `index`.
+    pub(crate) fn locate(&self, index: usize) -> Result<(usize, usize)> {
+        check_index(index, self.len())?;
+        let shard = self.infos.partition_point(|s| s.first + s.records <= index);
+        Ok((shard, index - self.infos[shard].first))
+    }
+
+    /// The key of global record `index`: `<shard path>#<record number>`.
+    pub(crate) fn key(&self, index: usize) -> String {
+        match self.locate(index) {
+            Ok((s, n)) => format!("{}#{n}", self.infos[s].path.display()),
+            Err(_) => format!("#{index}"),
+        }
+    }
+
+    /// Handles damage found while opening `path`: an error, or (skipping)
+    /// a note in the damage list.
+    pub(crate) fn damaged(
+        &mut self,
+        opts: &ShardOptions,
+        path: &Path,
+        offset: u64,
+        cause: impl Into<Cause>,
+    ) -> Result<()> {
+        let e = shard_error(path, offset, cause);
+        if !opts.skip_damaged {
+            return Err(e);
+        }
+        let Error::Shard { reason, source, .. } = e else {
+            unreachable!("shard_error makes a Shard error")
+        };
+        // The damage list is a report: the cause is kept as its text.
+        let reason = match source {
+            Some(s) => format!("{reason}: {}", crate::error::error_chain(s.as_ref())),
+            None => reason,
+        };
+        self.damage.push(Damage {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_finds_the_shard_and_skips_empty_ones() {
+        let mut s = ShardSet::default();
+        s.push(Path::new("a"), 3);
+        s.push(Path::new("b"), 0);
+        s.push(Path::new("c"), 2);
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.locate(0).unwrap(), (0, 0));
+        assert_eq!(s.locate(2).unwrap(), (0, 2));
+        assert_eq!(s.locate(3).unwrap(), (2, 0));
+        assert_eq!(s.locate(4).unwrap(), (2, 1));
+        assert!(s.locate(5).is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! Local files: whole sample files, shard files and positioned reads, and
+//! the shard files of a folder or a prefix.
+
+use crate::error::{shard_error, Error, Result};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Largest sample file a file-backed source reads (512 MiB): a larger one
+/// is an error rather than an allocation of its size.
+pub(crate) const MAX_FILE_BYTES: u64 = 512 << 20;
+
+/// Reads a whole sample file into `bytes` (cleared first; its capacity is
+/// reused), naming the file on failure.
+pub(crate) fn read_file_into(path: &Path, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len > MAX_FILE_BYTES {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("sample file is {len} bytes, over the {MAX_FILE_BYTES}-byte limit"),
+            source: None,
+        });
+    }
+    bytes.clear();
+    bytes.reserve(len as usize);
+    // `take` bounds the read even if the file grows after the size check.
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, MAX_FILE_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(io)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("sample file grew over the {MAX_FILE_BYTES}-byte limit while read"),
+            source: None,
+        });
+    }
+    if bytes.is_empty() {
+        return Err(Error::EmptyFile {
+            key: path.display().to_string(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Opens a shard file, naming it on failure, and returns it with its length.
+pub(crate) fn open_shard(path: &Path) -> Result<(File, u64)> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    Ok((file, len))
+}
+
+/// Fills `buf` from `file` at `offset` without moving a shared cursor, so
+/// decode workers read one shard concurrently.
+pub(crate) fn read_exact_at(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    #[cfg(unix)]
+    let r = std::os::unix::fs::FileExt::read_exact_at(file, buf, offset);
+    #[cfg(windows)]
+    let r = {
+        let mut done = 0;
+        loop {
+            if done == buf.len() {
+                break Ok(());
+            }
+            match std::os::windows::fs::FileExt::seek_read(
+                file,
+                &mut buf[done..],
+                offset + done as u64,
+            ) {
+                Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        }
+    };
+    r.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            shard_error(
+                path,
+                offset,
+                format!("file ends inside a {}-byte record", buf.len()),
+            )
+        } else {
+            Error::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })
+}
+
+/// The shard files of `path` whose names end with one of `suffixes`: the
+/// file itself, or the files in the folder `path`, sorted by name. An error
+/// when there are none.
+///
+/// A URL (`s3://bucket/train/`) is listed the same way: the object itself,
+/// a brace range (`https://host/train-{0000..0099}.tar`), or every object
+/// under the prefix.
+pub fn shard_paths(path: &Path, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
+    if crate::storage::is_url(path) {
+        return crate::storage::list_urls(crate::storage::url_of(path), suffixes);
+    }
+    let matches = |p: &Path| {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        suffixes.iter().any(|s| name.ends_with(s))
+    };
+    if !path.is_dir() {
+        return if matches(path) {
+            Ok(vec![path.to_path_buf()])
+        } else {
+            Err(Error::Dataset {
+                path: path.to_path_buf(),
+                reason: format!("not a shard file ending in {suffixes:?}"),
+                source: None,
+            })
+        };
+    }
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        if p.is_file() && matches(&p) {
+            out.push(p);
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        return Err(Error::Dataset {
+            path: path.to_path_buf(),
+            reason: format!("no shard files ending in {suffixes:?}"),
+            source: None,
+        });
+    }
+    Ok(out)
+}
