@@ -398,6 +398,31 @@ macro_rules! forward_hints {
     };
 }
 
+/// The reads a source derives from its general one, inside its
+/// `impl Source`: `read` and `read_reusing` through `read_parts` with the
+/// default parts (`reads_through!(read_parts)`), or `read` through
+/// `read_reusing` with a new buffer (`reads_through!(read_reusing)`).
+macro_rules! reads_through {
+    (read_parts) => {
+        fn read(&self, index: usize) -> crate::error::Result<crate::contract::Record> {
+            self.read_parts(index, &crate::contract::Parts::Default, Vec::new())
+        }
+        fn read_reusing(
+            &self,
+            index: usize,
+            bytes: Vec<u8>,
+        ) -> crate::error::Result<crate::contract::Record> {
+            self.read_parts(index, &crate::contract::Parts::Default, bytes)
+        }
+    };
+    (read_reusing) => {
+        fn read(&self, index: usize) -> crate::error::Result<crate::contract::Record> {
+            self.read_reusing(index, Vec::new())
+        }
+    };
+}
+pub(crate) use reads_through;
+
 /// `Source` for smart pointers to a source, forwarding every method.
 macro_rules! forward_source {
     ($($ptr:ident)::+) => {

@@ -58,6 +58,29 @@ pub(crate) struct Format {
 /// How a format opens what [`detect`] found.
 pub(crate) type Open = fn(&[PathBuf]) -> Result<Box<dyn Source>>;
 
+impl Format {
+    /// A sharded format named by its files' endings alone, opened by
+    /// `open`: what most rows are (a row with more says so with `..`).
+    pub(crate) const fn shards(
+        kind: DatasetKind,
+        name: &'static str,
+        suffixes: &'static [&'static str],
+        open: Open,
+    ) -> Self {
+        Self {
+            kind,
+            name,
+            suffixes,
+            companions: &[],
+            magic: None,
+            sharded: true,
+            prefix: false,
+            open,
+            lenient: None,
+        }
+    }
+}
+
 #[cfg(feature = "parquet")]
 use parquet::FORMAT as PARQUET;
 

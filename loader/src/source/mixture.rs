@@ -24,7 +24,7 @@
 //! a member drawn below its size sees new samples each epoch, and one
 //! drawn above it repeats each sample before any is seen a third time.
 
-use crate::contract::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use rand::seq::SliceRandom;
@@ -369,13 +369,7 @@ impl Source for Mixture {
         *self.inner.offsets.last().expect("the total")
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_parts(index, &Parts::Default, Vec::new())
-    }
-
-    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
-        self.read_parts(index, &Parts::Default, bytes)
-    }
+    reads_through!(read_parts);
 
     fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
         let (d, i) = self.locate(index)?;

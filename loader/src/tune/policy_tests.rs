@@ -23,6 +23,11 @@ fn window(rate: f64, wait: f64, now: [usize; 3]) -> Window {
     }
 }
 
+/// The step that grows `knob` from `from` to `to`.
+fn grow(knob: TuneKnob, from: usize, to: usize) -> TuneAction {
+    Grow { knob, from, to }
+}
+
 /// Runs `p` over windows, applying each step to the settings as the
 /// tuner does; returns the steps.
 fn run(p: &mut Policy, now: &mut [usize; 3], windows: &[(f64, f64)]) -> Vec<TuneAction> {
@@ -42,16 +47,18 @@ fn a_waiting_consumer_grows_workers_first_and_keeps_what_helps() {
     let mut p = Policy::new(ALL);
     let mut now = [1, 2, 1];
     let steps = run(&mut p, &mut now, &[(10.0, 0.5), (19.0, 0.2), (27.0, 0.1)]);
-    let grow = |from, to| Grow {
-        knob: Workers,
-        from,
-        to,
-    };
     // In proportion to the wait: waiting half the time needs twice the
     // workers, a fifth 1.25x, a tenth 1.11x (rounded up, one at least).
     // Each window judges the step before it (kept: the rate rose 3%)
     // and takes the next one.
-    assert_eq!(steps, [grow(1, 2), grow(2, 3), grow(3, 4)]);
+    assert_eq!(
+        steps,
+        [
+            grow(Workers, 1, 2),
+            grow(Workers, 2, 3),
+            grow(Workers, 3, 4)
+        ]
+    );
     assert_eq!(now, [4, 2, 1]);
     assert_eq!(p.floor, 3, "3 workers left the consumer waiting");
 }
@@ -72,7 +79,6 @@ fn a_growth_that_does_not_help_is_undone_and_retried_only_much_later() {
         (20.0, 0.5),
     ];
     let steps = run(&mut p, &mut now, &w);
-    let grow = |knob, from, to| Grow { knob, from, to };
     let revert = |from, to, rate, before| Revert {
         knob: Workers,
         from,
@@ -117,7 +123,6 @@ fn a_queue_step_doubles_and_is_kept_whatever_the_next_window_says() {
         (19.0, 0.5),
     ];
     let steps = run(&mut p, &mut now, &w);
-    let grow = |knob, from, to| Grow { knob, from, to };
     assert_eq!(
         steps,
         [
@@ -139,14 +144,7 @@ fn an_upload_bound_loader_grows_the_queue_not_the_workers() {
         upload_bound: true,
         ..window(10.0, 0.5, [2, 2, 1])
     };
-    assert_eq!(
-        p.decide(&w),
-        Some(Grow {
-            knob: InFlight,
-            from: 2,
-            to: 4
-        })
-    );
+    assert_eq!(p.decide(&w), Some(grow(InFlight, 2, 4)));
 }
 
 /// Review direct-turn3 N1: on the direct hand-over a worker past the
@@ -158,25 +156,14 @@ fn a_direct_epoch_grows_the_buffers_before_a_worker_past_them() {
         direct: true,
         ..window(10.0, 0.5, [2, 2, 1])
     };
-    assert_eq!(
-        p.decide(&w),
-        Some(Grow {
-            knob: InFlight,
-            from: 2,
-            to: 4
-        })
-    );
+    assert_eq!(p.decide(&w), Some(grow(InFlight, 2, 4)));
     let w = Window {
         direct: true,
         ..window(10.0, 0.5, [2, 4, 1])
     };
     assert_eq!(
         p.decide(&w),
-        Some(Grow {
-            knob: Workers,
-            from: 2,
-            to: 4
-        }),
+        Some(grow(Workers, 2, 4)),
         "twice the workers for a consumer waiting half the time, up to the buffers"
     );
 }
@@ -195,11 +182,7 @@ fn nothing_grows_past_the_budget_the_cores_or_the_queue_limit() {
     };
     assert_eq!(
         p.decide(&three_in_flight),
-        Some(Grow {
-            knob: InFlight,
-            from: 2,
-            to: 3
-        }),
+        Some(grow(InFlight, 2, 3)),
         "a doubling is cut to what fits"
     );
     let mut p = Policy::new(ALL);
@@ -207,14 +190,7 @@ fn nothing_grows_past_the_budget_the_cores_or_the_queue_limit() {
         most: [1, 2, MAX_QUEUE],
         ..window(10.0, 0.9, [1, 2, 1])
     };
-    assert_eq!(
-        p.decide(&only_prefetch),
-        Some(Grow {
-            knob: Prefetch,
-            from: 1,
-            to: 2
-        })
-    );
+    assert_eq!(p.decide(&only_prefetch), Some(grow(Prefetch, 1, 2)));
     let mut p = Policy::new(ALL);
     let maxed = window(10.0, 0.9, [4, MAX_QUEUE, MAX_QUEUE]);
     assert_eq!(p.decide(&maxed), None, "4 cores, queues at their limit");
@@ -229,11 +205,7 @@ fn explicit_settings_are_never_touched() {
     let mut p = Policy::new(fixed_workers);
     assert_eq!(
         p.decide(&window(10.0, 0.5, [2, 2, 1])),
-        Some(Grow {
-            knob: InFlight,
-            from: 2,
-            to: 4
-        })
+        Some(grow(InFlight, 2, 4))
     );
     let mut p = Policy::new(Auto {
         workers: false,

@@ -1,7 +1,7 @@
 //! `root/<class>/<file>` datasets, as torchvision's `ImageFolder`.
 
 use super::{is_image_path, labeled_key, read_labeled};
-use crate::contract::{Parts, Record, Source, Value};
+use crate::contract::{reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
 use std::path::{Path, PathBuf};
@@ -292,9 +292,7 @@ impl Source for ImageMaskFolders {
         self.samples.len()
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_reusing(index, Vec::new())
-    }
+    reads_through!(read_reusing);
 
     fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
         read_labeled(&self.samples, index, bytes)

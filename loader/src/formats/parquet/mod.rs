@@ -33,7 +33,7 @@ mod meta;
 
 pub use hub::{hub_files, HubFiles, HubLayout, HubOptions};
 
-use crate::contract::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
 use crate::read::jobs::Jobs;
@@ -552,30 +552,19 @@ impl Parquet {
 }
 
 /// Parquet files in the format table.
-pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::Parquet,
-    name: "Parquet files",
-    suffixes: &[".parquet"],
-    companions: &[],
-    magic: None,
-    sharded: true,
-    prefix: false,
-    open: |paths| Ok(Box::new(Parquet::open(paths)?)),
-    lenient: None,
-};
+pub(crate) const FORMAT: Format = Format::shards(
+    DatasetKind::Parquet,
+    "Parquet files",
+    &[".parquet"],
+    |paths| Ok(Box::new(Parquet::open(paths)?)),
+);
 
 impl Source for Parquet {
     fn len(&self) -> usize {
         *self.inner.starts.last().expect("the total")
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_parts(index, &Parts::Default, Vec::new())
-    }
-
-    fn read_reusing(&self, index: usize, bytes: Vec<u8>) -> Result<Record> {
-        self.read_parts(index, &Parts::Default, bytes)
-    }
+    reads_through!(read_parts);
 
     fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
         let at = self.locate(index)?;

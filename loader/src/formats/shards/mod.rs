@@ -13,6 +13,14 @@ use crate::contract::{check_index, Damage, ShardInfo};
 use crate::error::{shard_error, Cause, Error, Result};
 use std::path::{Path, PathBuf};
 
+/// The shard paths a sharded source's `open` was given, in order.
+pub(crate) fn owned(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Vec<PathBuf> {
+    paths
+        .into_iter()
+        .map(|p| p.as_ref().to_path_buf())
+        .collect()
+}
+
 /// Options every sharded source takes.
 #[derive(Debug, Clone, Default)]
 pub struct ShardOptions {

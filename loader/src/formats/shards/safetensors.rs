@@ -12,7 +12,7 @@
 //! Labels may be any integer dtype; they are checked on open.
 
 use super::ShardSet;
-use crate::contract::{Damage, Parts, Record, ShardInfo, Source, Value};
+use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
@@ -113,10 +113,7 @@ impl SafetensorsShards {
     pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
         let mut set = ShardSet::default();
         let mut shards = Vec::new();
-        let paths: Vec<PathBuf> = paths
-            .into_iter()
-            .map(|p| p.as_ref().to_path_buf())
-            .collect();
+        let paths = super::owned(paths);
         for (path, shard) in paths.iter().zip(super::open_each(&paths, open_one)) {
             let shard = shard?;
             set.push(path, shard.labels.len());
@@ -285,26 +282,19 @@ fn rows_of(meta: &Metadata, count: usize, data_start: usize) -> Vec<Rows> {
 }
 
 /// Safetensors shards in the format table.
-pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::Safetensors,
-    name: "safetensors shards",
-    suffixes: &[".safetensors"],
-    companions: &[],
-    magic: None,
-    sharded: true,
-    prefix: false,
-    open: |paths| Ok(Box::new(SafetensorsShards::open(paths)?)),
-    lenient: None,
-};
+pub(crate) const FORMAT: Format = Format::shards(
+    DatasetKind::Safetensors,
+    "safetensors shards",
+    &[".safetensors"],
+    |paths| Ok(Box::new(SafetensorsShards::open(paths)?)),
+);
 
 impl Source for SafetensorsShards {
     fn len(&self) -> usize {
         self.set.len()
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_reusing(index, Vec::new())
-    }
+    reads_through!(read_reusing);
 
     /// One positioned read of the sample's pixels or encoded bytes into
     /// `bytes` (reused).

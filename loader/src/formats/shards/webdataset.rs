@@ -3,7 +3,7 @@
 //! another in the archive.
 
 use super::{ShardOptions, ShardSet};
-use crate::contract::{Damage, Parts, Record, ShardInfo, Source, Value};
+use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
 use crate::error::{Error, Result};
 use crate::formats::images::IMAGE_EXTENSIONS;
@@ -129,10 +129,7 @@ impl WebDataset {
         let mut set = ShardSet::default();
         let (mut files, mut samples, mut members) = (Vec::new(), Vec::new(), Vec::new());
         let mut exts: Vec<String> = Vec::new();
-        let paths: Vec<PathBuf> = paths
-            .into_iter()
-            .map(|p| p.as_ref().to_path_buf())
-            .collect();
+        let paths = super::owned(paths);
         // Each shard indexed on its own (at once when remote), with its own
         // extensions and damage, merged in order below.
         let opened = super::open_each(&paths, |path| {
@@ -453,14 +450,6 @@ fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, Cause> {
 
 /// WebDataset shards in the format table; without labels when surveyed.
 pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::WebDataset,
-    name: "WebDataset shards (.tar)",
-    suffixes: &[".tar"],
-    companions: &[],
-    magic: None,
-    sharded: true,
-    prefix: false,
-    open: |paths| Ok(Box::new(WebDataset::open(paths)?)),
     lenient: Some((
         |paths| {
             let opts = WebDatasetOptions {
@@ -471,6 +460,12 @@ pub(crate) const FORMAT: Format = Format {
         },
         "labels",
     )),
+    ..Format::shards(
+        DatasetKind::WebDataset,
+        "WebDataset shards (.tar)",
+        &[".tar"],
+        |paths| Ok(Box::new(WebDataset::open(paths)?)),
+    )
 };
 
 impl Source for WebDataset {
@@ -478,9 +473,7 @@ impl Source for WebDataset {
         self.set.len()
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_reusing(index, Vec::new())
-    }
+    reads_through!(read_reusing);
 
     fn read_parts(&self, index: usize, parts: &Parts, bytes: Vec<u8>) -> Result<Record> {
         let mut record = self.read_reusing(index, bytes)?;

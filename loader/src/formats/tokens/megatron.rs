@@ -33,7 +33,7 @@
 
 use super::{window_key, window_record};
 use super::{TokenFile, TokenLayout, TokenType};
-use crate::contract::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
 use std::io::Read;
@@ -608,24 +608,24 @@ fn each_le<const N: usize>(
 /// its magic) and `PREFIX.bin`, named by `PREFIX`; opened only with a
 /// window length.
 pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::Megatron,
-    name: "a Megatron indexed dataset (.bin + .idx)",
-    suffixes: &[".idx"],
     companions: &[".bin"],
     magic: Some(MAGIC),
-    sharded: true,
     prefix: true,
-    open: |paths| {
-        Err(Error::InvalidConfig(format!(
-            "{} holds {}: open it with Megatron::open(prefixes, seq_len, windows), which \
+    ..Format::shards(
+        DatasetKind::Megatron,
+        "a Megatron indexed dataset (.bin + .idx)",
+        &[".idx"],
+        |paths| {
+            Err(Error::InvalidConfig(format!(
+                "{} holds {}: open it with Megatron::open(prefixes, seq_len, windows), which \
              needs the window length",
-            paths
-                .first()
-                .map_or(String::new(), |p| p.display().to_string()),
-            DatasetKind::Megatron.name()
-        )))
-    },
-    lenient: None,
+                paths
+                    .first()
+                    .map_or(String::new(), |p| p.display().to_string()),
+                DatasetKind::Megatron.name()
+            )))
+        },
+    )
 };
 
 impl Source for Megatron {
@@ -633,9 +633,7 @@ impl Source for Megatron {
         *self.inner.before.last().expect("at least one corpus")
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_reusing(index, Vec::new())
-    }
+    reads_through!(read_reusing);
 
     /// A record with no bytes: the map reads the tokens from the memory
     /// map itself ([`Parts`] asking for `tokens` gets them as a part).

@@ -28,7 +28,7 @@ pub use file::{TokenFile, TokenLayout, TokenType};
 pub use megatron::{DocumentWindows, Megatron};
 pub use windows::{TokenWindows, WindowOrder, WindowStart};
 
-use crate::contract::{check_index, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
 use crate::error::Result;
 
 /// A source of token windows for language-model training: sample `k` is
@@ -121,9 +121,7 @@ impl Source for TokenSource {
         self.inner.windows.total()
     }
 
-    fn read(&self, index: usize) -> Result<Record> {
-        self.read_reusing(index, Vec::new())
-    }
+    reads_through!(read_reusing);
 
     /// A record with no bytes: the map reads the tokens from the memory
     /// map itself. Its key names the window for the non-overlapping

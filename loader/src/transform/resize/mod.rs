@@ -174,22 +174,25 @@ mod tests {
             .collect()
     }
 
-    /// The AVX2 kernel's output, or `None` (the test reports itself
-    /// skipped) on a CPU without AVX2, where `resize` would run the
-    /// portable kernel and the comparison would be with itself.
-    fn fast(
+    /// The portable kernel's output and the AVX2 kernel's, or `None` (the
+    /// test reports itself skipped) on a CPU without AVX2, where `resize`
+    /// would run the portable kernel and the comparison would be with
+    /// itself.
+    fn both(
         r: &mut Resampler,
         view: &View<'_>,
         b: Crop,
         (w, h): (usize, usize),
         flip: bool,
-    ) -> Option<Vec<u8>> {
+    ) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut portable = vec![0u8; w * h * 3];
+        r.resize_with::<false>(view, b, (w, h), flip, &mut portable);
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             let mut out = vec![0u8; w * h * 3];
             // SAFETY: this CPU has AVX2 (detected just above).
             unsafe { r.resize_avx2(view, b, (w, h), flip, &mut out) };
-            return Some(out);
+            return Some((portable, out));
         }
         eprintln!("skipped: this CPU has no AVX2 kernel to compare with the portable one");
         None
@@ -268,9 +271,7 @@ mod tests {
                     height: view.height as f64 - 0.5,
                 };
                 let mut r = Resampler::default();
-                let mut portable = vec![0u8; w * h * 3];
-                r.resize_with::<false>(&view, b, (w, h), flip, &mut portable);
-                let Some(best) = fast(&mut r, &view, b, (w, h), flip) else {
+                let Some((portable, best)) = both(&mut r, &view, b, (w, h), flip) else {
                     return;
                 };
                 assert!(
@@ -317,9 +318,7 @@ mod tests {
             };
             let (w, h) = (rng.random_range(1..=300), rng.random_range(1..=300));
             let flip = rng.random::<bool>();
-            let mut portable = vec![0u8; w * h * 3];
-            r.resize_with::<false>(&view, b, (w, h), flip, &mut portable);
-            let Some(best) = fast(&mut r, &view, b, (w, h), flip) else {
+            let Some((portable, best)) = both(&mut r, &view, b, (w, h), flip) else {
                 return;
             };
             assert!(

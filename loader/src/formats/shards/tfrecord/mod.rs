@@ -135,10 +135,7 @@ impl TfRecord {
     ) -> Result<Self> {
         let mut set = ShardSet::default();
         let mut shards = Vec::new();
-        let paths: Vec<PathBuf> = paths
-            .into_iter()
-            .map(|p| p.as_ref().to_path_buf())
-            .collect();
+        let paths = super::owned(paths);
         // Each shard indexed on its own (at once when remote), with its own
         // damage list, merged in order below.
         let opened = super::open_each(&paths, |path| {
@@ -203,15 +200,13 @@ impl TfRecord {
 /// TFRecord shards in the format table: uncompressed, gzip or zlib, each
 /// with the index `wick convert` writes beside it.
 pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::TfRecord,
-    name: "TFRecord shards",
-    suffixes: &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"],
     companions: &[".idx"],
-    magic: None,
-    sharded: true,
-    prefix: false,
-    open: |paths| Ok(Box::new(TfRecord::open(paths)?)),
-    lenient: None,
+    ..Format::shards(
+        DatasetKind::TfRecord,
+        "TFRecord shards",
+        &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecord.zz"],
+        |paths| Ok(Box::new(TfRecord::open(paths)?)),
+    )
 };
 
 impl Source for TfRecord {
