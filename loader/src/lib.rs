@@ -95,10 +95,18 @@
 //!
 //! ## Feature flags
 //!
+//! None is on by default: every local format but Parquet builds without
+//! the network stack or a C build.
+//!
+//! - `parquet`: Parquet sources (`source::Parquet`) and the Hugging Face
+//!   Hub's layouts; `wick convert --format parquet`.
+//! - `remote`: `s3://`, `gs://`, `az://`, `http(s)://` and `file://` URLs
+//!   anywhere a path goes, through object_store ([`storage`]).
+//! - `full`: `parquet` and `remote`.
 //! - `cuda`: CUDA devices through candle-core's `cuda` feature.
 //! - `metal`: Metal devices through candle-core's `metal` feature.
 //! - `cli`: the `wick` command-line tool (`wick bench`, `wick convert`,
-//!   `wick inspect`).
+//!   `wick inspect`); turns on `full`.
 //! - `turbojpeg`: decode JPEGs with libjpeg-turbo (built from source; needs
 //!   cmake and nasm), decoding only the crop window and downscaling in the
 //!   DCT when the window is at least twice the output size.

@@ -24,7 +24,7 @@
 //! a member drawn below its size sees new samples each epoch, and one
 //! drawn above it repeats each sample before any is seen a third time.
 
-use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, Damage, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::rng::{keyed_rng, Purpose};
 use rand::seq::SliceRandom;
@@ -97,6 +97,8 @@ struct Inner {
     /// Each weight set's samples per member in one epoch (a greedy pass
     /// over `len()` samples each, so computed once).
     counts: Mutex<HashMap<Vec<u64>, Arc<Vec<usize>>>>,
+    /// The members' damage reports, in member order.
+    damage: Vec<Damage>,
 }
 
 /// Builds a [`Mixture`]: [`Mixture::builder`].
@@ -197,13 +199,16 @@ impl MixtureBuilder {
             };
             offsets.push(total);
         }
+        let members: Vec<Arc<dyn Source>> = self.members.into_iter().map(|m| m.0).collect();
+        let damage = members.iter().flat_map(|m| m.damage()).cloned().collect();
         Ok(Mixture {
             inner: Arc::new(Inner {
-                members: self.members.into_iter().map(|m| m.0).collect(),
+                members,
                 rule: self.rule,
                 offsets,
                 schedule,
                 counts: Mutex::default(),
+                damage,
             }),
         })
     }
@@ -408,6 +413,11 @@ impl Source for Mixture {
         self.inner.members.iter().map(|m| m.memory()).sum()
     }
 
+    /// Every member's damage report: what was left out of the mixture.
+    fn damage(&self) -> &[Damage] {
+        &self.inner.damage
+    }
+
     /// The greedy placement of `epoch`, each member's draws continuing
     /// from the epochs before.
     fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
@@ -512,6 +522,35 @@ mod tests {
         // Deterministic, and the seed matters.
         assert_eq!(mix.begin_epoch(Some(4), 1).unwrap(), e1);
         assert_ne!(mix.begin_epoch(Some(5), 1).unwrap(), e1);
+    }
+
+    /// A member's damage report reaches the mixture: what opening a
+    /// member left out is not lost by mixing it.
+    #[test]
+    fn a_mixture_reports_its_members_damage() {
+        struct Damaged(MemorySource, Vec<Damage>);
+        impl Source for Damaged {
+            fn len(&self) -> usize {
+                self.0.len()
+            }
+            fn read(&self, index: usize) -> Result<Record> {
+                self.0.read(index)
+            }
+            fn damage(&self) -> &[Damage] {
+                &self.1
+            }
+        }
+        let cut = Damage {
+            path: "b.tar".into(),
+            offset: 512,
+            reason: "bad tar header".into(),
+        };
+        let mix = Mixture::builder()
+            .add(Arc::new(member(3)), 1.0)
+            .add(Arc::new(Damaged(member(2), vec![cut.clone()])), 1.0)
+            .build()
+            .unwrap();
+        assert_eq!(mix.damage(), [cut]);
     }
 
     #[test]
