@@ -48,6 +48,34 @@ pub(crate) fn read_file_into(path: &Path, mut bytes: Vec<u8>) -> Result<Vec<u8>>
     Ok(bytes)
 }
 
+/// Raises this process's soft limit on open files to its hard limit, once
+/// (Linux). A sharded source holds a file open for each local shard, and
+/// the soft limit most shells and services start with, 1,024, ended an
+/// open of more shards with "Too many open files"; the hard limit is
+/// mostly far higher (524,288 or more on Linux distributions and in
+/// containers), and raising the soft one needs no privilege. Python's
+/// data loaders do the same for the same reason. A hard limit of 1,024
+/// still stops at about 1,000 local shards.
+pub(crate) fn raise_open_files_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: getrlimit and setrlimit read and write one rlimit,
+            // a plain struct on this stack frame.
+            unsafe {
+                let mut limit: libc::rlimit = std::mem::zeroed();
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+                    && limit.rlim_cur < limit.rlim_max
+                {
+                    limit.rlim_cur = limit.rlim_max;
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                }
+            }
+        });
+    }
+}
+
 /// Opens a shard file, naming it on failure, and returns it with its length.
 pub(crate) fn open_shard(path: &Path) -> Result<(File, u64)> {
     let io = |source| Error::Io {

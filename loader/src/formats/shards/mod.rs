@@ -53,6 +53,9 @@ pub(crate) fn open_each<T: Send>(
     paths: &[PathBuf],
     open: impl Fn(&Path) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
+    // Each local shard stays open: more than the usual soft limit of
+    // 1,024 files need the hard limit.
+    crate::storage::local::raise_open_files_limit();
     if !paths.iter().any(|p| crate::storage::is_url(p)) {
         return paths.iter().map(|p| open(p)).collect();
     }
@@ -148,6 +151,67 @@ impl ShardSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More local shards than the usual soft limit on open files (1,024)
+    /// open, each holding its file: the soft limit is raised to the hard
+    /// one. In a child process (the limit is the process's), which sets
+    /// its soft limit to 1,024 first; skipped where the hard limit is no
+    /// higher than 1,600.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn more_shards_than_the_soft_limit_on_open_files_open() {
+        const NAME: &str =
+            "formats::shards::tests::more_shards_than_the_soft_limit_on_open_files_open";
+        const SHARDS: usize = 1_500;
+        // SAFETY: an rlimit is two integers: all zeros is a valid one.
+        let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit writes one rlimit, on this stack frame.
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        assert_eq!(got, 0);
+        if limit.rlim_max <= 1_600 {
+            eprintln!(
+                "skipped: the hard limit on open files is {}",
+                limit.rlim_max
+            );
+            return;
+        }
+        if std::env::var_os("WICK_NOFILE_CHILD").is_some() {
+            limit.rlim_cur = 1_024;
+            // SAFETY: setrlimit reads one rlimit, on this stack frame.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+            use crate::write::{ShardSample, ShardWriter, WebDatasetWriter};
+            let dir = tempfile::tempdir().unwrap();
+            let paths: Vec<PathBuf> = (0..SHARDS)
+                .map(|i| {
+                    let path = dir.path().join(format!("s-{i:05}.tar"));
+                    let mut w = WebDatasetWriter::create(&path).unwrap();
+                    let sample = ShardSample {
+                        key: "k",
+                        ext: "jpg",
+                        bytes: &[1, 2, 3],
+                        label: (i % 7) as u32,
+                    };
+                    w.write(sample).unwrap();
+                    w.finish().unwrap();
+                    path
+                })
+                .collect();
+            let source = WebDataset::open(&paths).unwrap();
+            assert_eq!(crate::contract::Source::len(&source), SHARDS);
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+            .env("WICK_NOFILE_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "the child failed: {text}\n{err}"
+        );
+    }
 
     #[test]
     fn locate_finds_the_shard_and_skips_empty_ones() {
