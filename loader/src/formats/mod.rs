@@ -79,6 +79,31 @@ impl Format {
             lenient: None,
         }
     }
+
+    /// A format whose dataset is one path (a folder, a list), opened by
+    /// `open` from [`the_one`] path.
+    pub(crate) const fn single(
+        kind: DatasetKind,
+        name: &'static str,
+        suffixes: &'static [&'static str],
+        open: Open,
+    ) -> Self {
+        Self {
+            sharded: false,
+            ..Self::shards(kind, name, suffixes, open)
+        }
+    }
+}
+
+/// The one path of a dataset that is one folder or file (`what` names it
+/// in the error when there are several).
+pub(crate) fn the_one<'a>(paths: &'a [PathBuf], what: &str) -> Result<&'a Path> {
+    match paths {
+        [one] => Ok(one),
+        _ => Err(Error::InvalidConfig(format!(
+            "{what} is one path, not {paths:?}"
+        ))),
+    }
 }
 
 #[cfg(feature = "parquet")]

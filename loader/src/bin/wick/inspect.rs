@@ -387,18 +387,18 @@ pub(crate) fn run(a: &InspectArgs) -> Result<Report, Box<dyn std::error::Error>>
         walk(&a.data, &mut files, &mut seen);
         let mut megatron: Vec<PathBuf> = Vec::new();
         let mut shards: Vec<(DatasetKind, PathBuf)> = Vec::new();
-        for p in &files {
-            match DatasetKind::of_file(p) {
+        let mut others = Vec::new();
+        for p in files {
+            match DatasetKind::of_file(&p) {
                 Some(DatasetKind::Megatron) => megatron.push(p.with_extension("")),
-                Some(kind) => shards.push((kind, p.clone())),
-                None => {}
+                Some(kind) => shards.push((kind, p)),
+                None => others.push(p),
             }
         }
         // A shard is inspected through its source, and a Megatron
         // dataset's two files as one.
-        files.retain(|p| {
-            DatasetKind::of_file(p).is_none() && !megatron.contains(&p.with_extension(""))
-        });
+        others.retain(|p| !megatron.contains(&p.with_extension("")));
+        let files = others;
         for prefix in &megatron {
             *extra.kinds.entry(DatasetKind::Megatron.name()).or_default() += 1;
             token_corpus(prefix, &mut seen, &mut extra);

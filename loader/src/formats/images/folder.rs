@@ -3,7 +3,7 @@
 use super::{is_image_path, labeled_key, read_labeled};
 use crate::contract::{reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
-use crate::formats::{DatasetKind, Format};
+use crate::formats::{the_one, DatasetKind, Format};
 use std::path::{Path, PathBuf};
 
 /// A dataset laid out as `root/<class>/<file>`, like torchvision's
@@ -200,22 +200,17 @@ impl ImageFolder {
 
 /// Image folders in the format table: found by their class folders, not
 /// by a file name.
-pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::ImageFolder,
-    name: "an image folder (class folders of images)",
-    suffixes: &[],
-    companions: &[],
-    magic: None,
-    sharded: false,
-    prefix: false,
-    open: |paths| match paths {
-        [root] => Ok(Box::new(ImageFolder::new(root)?)),
-        _ => Err(Error::InvalidConfig(format!(
-            "an image folder is one folder, not {paths:?}"
-        ))),
+pub(crate) const FORMAT: Format = Format::single(
+    DatasetKind::ImageFolder,
+    "an image folder (class folders of images)",
+    &[],
+    |paths| {
+        Ok(Box::new(ImageFolder::new(the_one(
+            paths,
+            "an image folder",
+        )?)?))
     },
-    lenient: None,
-};
+);
 
 impl Source for ImageFolder {
     fn wants_read_ahead(&self) -> bool {

@@ -3,7 +3,7 @@
 use super::{labeled_key, read_labeled};
 use crate::contract::{Parts, Record, Source, Value};
 use crate::error::{Error, Result};
-use crate::formats::{DatasetKind, Format};
+use crate::formats::{the_one, DatasetKind, Format};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -300,22 +300,12 @@ impl FileList {
 
 /// File lists in the format table: any file that is no shard (these
 /// endings tell a list under a URL).
-pub(crate) const FORMAT: Format = Format {
-    kind: DatasetKind::FileList,
-    name: "a file list",
-    suffixes: &[".csv", ".tsv", ".txt"],
-    companions: &[],
-    magic: None,
-    sharded: false,
-    prefix: false,
-    open: |paths| match paths {
-        [list] => Ok(Box::new(FileList::new(list)?)),
-        _ => Err(Error::InvalidConfig(format!(
-            "a file list is one file, not {paths:?}"
-        ))),
-    },
-    lenient: None,
-};
+pub(crate) const FORMAT: Format = Format::single(
+    DatasetKind::FileList,
+    "a file list",
+    &[".csv", ".tsv", ".txt"],
+    |paths| Ok(Box::new(FileList::new(the_one(paths, "a file list")?)?)),
+);
 
 impl Source for FileList {
     fn wants_read_ahead(&self) -> bool {
