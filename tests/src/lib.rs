@@ -257,6 +257,11 @@ impl ObjectServer {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// Body bytes sent so far, over every request.
+    pub fn bytes_sent(&self) -> u64 {
+        self.state.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The requests seen so far.
     pub fn log(&self) -> Vec<String> {
         self.state.log.lock().unwrap().clone()

@@ -414,3 +414,52 @@ fn read_ahead_stops_retrying_when_its_loader_is_dropped() {
         "{left:?} 3 s after the drop"
     );
 }
+
+/// A WebDataset shard of `samples` samples (a ~60 KB `.jpg`, a `.cls`
+/// and a `.txt` each) as tar bytes.
+fn wds_bytes(samples: usize) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for i in 0..samples {
+        let members: [(&str, Vec<u8>); 3] = [
+            (
+                "jpg",
+                (0..60_000 + i * 37).map(|b| (b % 251) as u8).collect(),
+            ),
+            ("cls", (i % 10).to_string().into_bytes()),
+            ("txt", format!("a caption for sample {i}").into_bytes()),
+        ];
+        for (ext, data) in members {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, format!("{i:09}.{ext}"), &data[..])
+                .unwrap();
+        }
+    }
+    tar.into_inner().unwrap()
+}
+
+/// Opening a remote WebDataset shard reads its headers through 1 to
+/// 8 MiB windows, each read ahead while the one before is used. The index
+/// pass seeks over every member's data, so its next read almost never
+/// starts exactly at a window's end: it must be served from the window
+/// read ahead, not by dropping that window and fetching the same bytes
+/// again (measured before: 1.96x the shard's bytes).
+#[test]
+fn an_index_pass_reads_each_byte_of_a_shard_once() {
+    let server = ObjectServer::start();
+    let shard = wds_bytes(400);
+    let size = shard.len() as u64;
+    assert!(size > 20 << 20, "several windows: {size}");
+    server.put("/wds/shard-0.tar", shard);
+    let u = server.url("/wds/shard-0.tar");
+    let src = within(120, move || WebDataset::open([u])).unwrap();
+    assert_eq!(src.len(), 400);
+    let sent = server.bytes_sent();
+    assert!(
+        sent <= size + size / 20,
+        "opening sent {sent} bytes for a shard of {size} ({:.2}x): each byte should be read once",
+        sent as f64 / size as f64
+    );
+}

@@ -317,8 +317,9 @@ pub(crate) struct BlobReader {
     pos: u64,
     /// `(start, bytes)` of the last window read (remote only).
     window: (u64, Bytes),
-    /// The next window, being read while this one is used (remote only).
-    next: Option<(u64, remote::Pending)>,
+    /// The next window, `start..end`, being read while this one is used
+    /// (remote only).
+    next: Option<(u64, u64, remote::Pending)>,
     /// Bytes of the next window: from [`FIRST_WINDOW`], doubled each
     /// window up to [`WINDOW`], so a stream's first bytes come soon.
     span: u64,
@@ -368,19 +369,27 @@ impl BlobReader {
         let Blob::Remote(o) = &self.blob else {
             return Ok(0);
         };
-        let end = (at + self.span).min(self.len);
-        self.span = (self.span * 2).min(WINDOW);
-        // The window read ahead, if it starts here; else this one now.
-        let window = match self.next.take() {
-            Some((start, pending)) if start == at => pending.wait()?,
-            _ => o.get_range(at..end)?,
+        // The window read ahead, if it holds `at` (an index pass seeks
+        // over a member's data, so the next read seldom starts exactly at
+        // the window's end); else a new window from `at`, the one read
+        // ahead dropped (a seek past it or back).
+        let (start, window) = match self.next.take() {
+            Some(next) if at >= next.0 && at < next.1 => (next.0, next.2.wait()?),
+            _ => {
+                let end = (at + self.span).min(self.len);
+                (at, o.get_range(at..end)?)
+            }
         };
-        let end = at + window.len() as u64;
-        self.window = (at, window);
+        self.span = (self.span * 2).min(WINDOW);
+        let end = start + window.len() as u64;
+        self.window = (start, window);
+        if end <= at {
+            return Ok(0);
+        }
         if end < self.len {
             // Read ahead: the next window comes while this one is used.
             let next_end = (end + self.span).min(self.len);
-            self.next = Some((end, o.start_range(end..next_end)));
+            self.next = Some((end, next_end, o.start_range(end..next_end)));
         }
         Ok((end - at) as usize)
     }
