@@ -194,3 +194,14 @@ pub fn rrc_u8_loader(dir: &Path, workers: usize) -> candle_wick::Loader {
         .build()
         .expect("bench loader")
 }
+
+/// This process's peak resident memory (`VmHWM` of `/proc/self/status`),
+/// in MB; 0 where there is no such file.
+pub fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}

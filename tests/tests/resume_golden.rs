@@ -97,15 +97,39 @@ fn the_permutation_and_token_windows_are_pinned() {
     assert_eq!(firsts, GOLDEN_TOKEN_WINDOWS);
 }
 
+/// The permutation over a billion positions, where no table of them could
+/// be built per epoch: rank 17's windows of a billion-window epoch shared
+/// by 100 million ranks (ten each), with `NonOverlapping` windows of one
+/// token over one file of 10^9 + 1 tokens (no file is read: the plan is
+/// arithmetic).
+#[test]
+fn the_permutation_of_a_billion_is_pinned() {
+    use candle_wick::source::TokenWindows;
+    let w = TokenWindows::new(
+        vec![1_000_000_001],
+        1,
+        WindowOrder::NonOverlapping,
+        9,
+        (17, 100_000_000),
+    )
+    .unwrap();
+    let tokens: Vec<usize> = w.plan(4).iter().map(|s| s.token).collect();
+    assert_eq!(tokens, GOLDEN_BILLION);
+}
+
 const GOLDEN_STATE: &str = concat!(
-    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-3","#,
+    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-4","#,
     r#""seed":42,"shuffle_seed":42,"batch_size":3,"remainder":"split","world_size":2,"#,
     r#""mode":"random access","source_len":10,"source_shards":0,"source_digest":3646669912,"#,
     r#""max_pixels":89478485,"bad_samples":"Fail","fields":["v U32 [2]"],"map":null}}"#
 );
 /// Rank 1's last batch of epoch 3 (label, draw per sample).
-const GOLDEN_BATCHES: &[&[u32]] = &[&[1, 812, 6, 264]];
-const GOLDEN_ORDER_EPOCH_0: &[&[usize]] = &[&[4, 5, 2], &[7, 1, 6], &[3, 9, 8], &[0]];
-const GOLDEN_ORDER_EPOCH_5: &[&[usize]] = &[&[5, 3, 0], &[9, 4, 7], &[2, 8, 1], &[6]];
+const GOLDEN_BATCHES: &[&[u32]] = &[&[1, 812, 8, 670]];
+const GOLDEN_ORDER_EPOCH_0: &[&[usize]] = &[&[0, 1, 4], &[7, 6, 8], &[9, 2, 3], &[5]];
+const GOLDEN_ORDER_EPOCH_5: &[&[usize]] = &[&[5, 2, 6], &[9, 3, 0], &[7, 8, 1], &[4]];
+const GOLDEN_BILLION: &[usize] = &[
+    335303205, 746861028, 459584521, 23446120, 196742360, 106138953, 93092785, 859889794,
+    189664537, 592929399,
+];
 /// The first two batches of epoch 1: each window's first token (its offset).
-const GOLDEN_TOKEN_WINDOWS: &[u32] = &[153, 522, 140, 920, 426, 374, 688, 388];
+const GOLDEN_TOKEN_WINDOWS: &[u32] = &[614, 951, 140, 248, 445, 751, 866, 752];

@@ -17,19 +17,11 @@
 //! The image is resized with the `image` crate's triangle filter in the
 //! rowwise path: what a user of that crate writes.
 
+use benches::peak_rss_mb;
 use candle_wick::{Loader, Output};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 use std::time::Instant;
-
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
 
 /// The image bytes of a Hub image row (`image: {bytes, path}`).
 fn image_bytes(row: &parquet::record::Row) -> Option<Vec<u8>> {

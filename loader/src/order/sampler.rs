@@ -1,9 +1,9 @@
 //! The order of an epoch: shuffling, sharding across ranks, batching, resume.
 
+use super::permute::Permutation;
 use crate::contract::Source;
 use crate::error::{Error, Result};
-use crate::rng::{keyed_rng, Purpose};
-use rand::seq::SliceRandom;
+use crate::rng::Purpose;
 
 /// What an epoch does with the samples that do not fill a batch on every
 /// rank (the last `len % (world_size * batch_size)`). Set with
@@ -83,34 +83,134 @@ pub(crate) struct Sampler {
     world_size: usize,
 }
 
-/// How an epoch's order is cut into this rank's batches.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// This rank's batches of an epoch: which source indices each holds.
+#[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    /// Source indices, the epoch's global order (under [`Remainder::Pad`],
-    /// followed by its padding).
-    pub(crate) order: Vec<usize>,
-    /// This rank's batches as ranges into `order`.
-    pub(crate) batches: Vec<std::ops::Range<usize>>,
     /// Samples of the epoch, over all ranks, planned before each batch
-    /// index: one entry more than `batches`. `before[0]` is where the plan
-    /// starts (0, or a resume point); random access: a prefix of `order`.
+    /// index: one entry more than the batches. `before[0]` is where the
+    /// plan starts (0, or a resume point); random access: a prefix of the
+    /// epoch's order.
     pub(crate) before: Vec<u64>,
+    batches: Batches,
+}
+
+/// How a plan knows its batches' indices.
+#[derive(Debug, Clone)]
+enum Batches {
+    /// Listed: this rank's indices, batch after batch, and each batch's
+    /// range of them (the streaming mode's plan).
+    Listed {
+        indices: Vec<usize>,
+        ranges: Vec<std::ops::Range<usize>>,
+    },
+    /// Computed when a batch is asked for: batch `k` is positions
+    /// `parts[k]` of the stretch that starts at `before[k]` (shuffled
+    /// within itself by `within`'s key when set), of the epoch's order.
+    Computed {
+        order: std::sync::Arc<EpochOrder>,
+        len: usize,
+        parts: Vec<std::ops::Range<usize>>,
+        /// `(seed, epoch)` of a source-ordered epoch's stretch shuffle.
+        within: Option<(u64, u64)>,
+    },
 }
 
 impl Plan {
+    /// A plan of listed batches: `ranges` into `indices`.
+    pub(crate) fn listed(
+        indices: Vec<usize>,
+        ranges: Vec<std::ops::Range<usize>>,
+        before: Vec<u64>,
+    ) -> Self {
+        Self {
+            before,
+            batches: Batches::Listed { indices, ranges },
+        }
+    }
+
+    /// This rank's batches in the plan.
+    pub(crate) fn len(&self) -> usize {
+        match &self.batches {
+            Batches::Listed { ranges, .. } => ranges.len(),
+            Batches::Computed { parts, .. } => parts.len(),
+        }
+    }
+
+    /// Samples in batch `k` (below [`len`](Self::len)).
+    pub(crate) fn batch_len(&self, k: usize) -> usize {
+        match &self.batches {
+            Batches::Listed { ranges, .. } => ranges[k].len(),
+            Batches::Computed { parts, .. } => parts[k].len(),
+        }
+    }
+
+    /// Batch `k`'s source indices (below [`len`](Self::len)): its
+    /// positions of the epoch's order, computed now.
+    pub(crate) fn batch(&self, k: usize) -> Vec<usize> {
+        match &self.batches {
+            Batches::Listed { indices, ranges } => indices[ranges[k].clone()].to_vec(),
+            Batches::Computed {
+                order,
+                len,
+                parts,
+                within,
+            } => {
+                let at = self.before[k] as usize;
+                // Keyed by where the stretch starts, which a resume on the
+                // same ranks plans alike.
+                let within = within.map(|(seed, epoch)| {
+                    let n = self.before[k + 1] - self.before[k];
+                    Permutation::new(n, seed, epoch, Purpose::Stretch, at as u64)
+                });
+                parts[k]
+                    .clone()
+                    .map(|j| {
+                        let j = within.as_ref().map_or(j, |p| p.at(j as u64) as usize);
+                        // Past the end: padding, the epoch's own first samples.
+                        order.at((at + j) % len)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Every index the plan lists (tests): a streaming plan's whole
+    /// order for this rank, read past its batches; else the batches'.
+    #[cfg(test)]
+    pub(crate) fn indices(&self) -> Vec<usize> {
+        match &self.batches {
+            Batches::Listed { indices, .. } => indices.clone(),
+            Batches::Computed { .. } => self.batch_indices().concat(),
+        }
+    }
+
     /// This rank's batches, as source indices.
     pub(crate) fn batch_indices(&self) -> Vec<Vec<usize>> {
-        self.batches
-            .iter()
-            .map(|r| self.order[r.clone()].to_vec())
-            .collect()
+        (0..self.len()).map(|k| self.batch(k)).collect()
     }
 }
 
-/// `m` split into `parts` contiguous sizes differing by at most one, larger first.
-pub(crate) fn split_even(m: usize, parts: usize) -> impl Iterator<Item = usize> {
-    let (q, r) = (m / parts, m % parts);
-    (0..parts).map(move |i| q + usize::from(i < r))
+/// An epoch's global order, asked position by position.
+#[derive(Debug)]
+enum EpochOrder {
+    /// The source order.
+    Identity,
+    /// The keyed permutation of `(seed, epoch)`.
+    Keyed(Permutation),
+    /// The order the source gave ([`Source::begin_epoch`]), cut or
+    /// repeated to the sampler's length, indices wrapped below it.
+    Given(Vec<usize>),
+}
+
+impl EpochOrder {
+    /// The source index at position `pos` (below the length).
+    fn at(&self, pos: usize) -> usize {
+        match self {
+            EpochOrder::Identity => pos,
+            EpochOrder::Keyed(p) => p.at(pos as u64) as usize,
+            EpochOrder::Given(order) => order[pos],
+        }
+    }
 }
 
 impl Sampler {
@@ -244,65 +344,73 @@ impl Sampler {
     /// The epoch's global order: the source order or its `(seed, epoch)`
     /// permutation, or the order the source gives (cut or repeated to
     /// `len`, indices wrapped below it, should a later epoch's not fit).
-    pub(crate) fn order(&self, epoch: u64) -> Vec<usize> {
-        if let Some(mut order) = self
+    fn epoch_order(&self, epoch: u64) -> EpochOrder {
+        if let Some(order) = self
             .ordered_by
             .as_ref()
             .and_then(|s| s.begin_epoch(self.seed, epoch))
         {
-            if order.is_empty() {
-                order.push(0);
-            }
-            let n = order.len();
-            return (0..self.len).map(|i| order[i % n] % self.len).collect();
+            let n = order.len().max(1);
+            let at = |i: usize| order.get(i % n).map_or(0, |&o| o % self.len);
+            return EpochOrder::Given((0..self.len).map(at).collect());
         }
-        let mut order: Vec<usize> = (0..self.len).collect();
-        if let Some(seed) = self.seed {
-            order.shuffle(&mut keyed_rng(seed, epoch, Purpose::Shuffle, 0));
+        match self.seed {
+            Some(seed) => EpochOrder::Keyed(Permutation::new(
+                self.len as u64,
+                seed,
+                epoch,
+                Purpose::Shuffle,
+                0,
+            )),
+            None => EpochOrder::Identity,
         }
-        order
+    }
+
+    /// The epoch's whole global order (tests).
+    #[cfg(test)]
+    pub(crate) fn order(&self, epoch: u64) -> Vec<usize> {
+        let order = self.epoch_order(epoch);
+        (0..self.len).map(|p| order.at(p)).collect()
     }
 
     /// This rank's batches of `epoch` from sample `from` of the epoch's
     /// order on (0: the whole epoch). A `from` that
     /// [`check_from`](Self::check_from) refuses, or one at or past the end,
     /// plans no batch.
+    ///
+    /// Nothing of size `len` is made (but for a source that gives its own
+    /// order, which is `len` long): a batch's indices are computed when it
+    /// is asked for ([`Plan::batch`]), at this rank's positions only.
     pub(crate) fn plan(&self, epoch: u64, from: u64) -> Plan {
         let (ws, r) = (self.world_size, self.rank);
         let from = (from as usize).min(self.len);
         let stretches = self.stretches(self.len - from).unwrap_or_default();
-        let mut order = self.order(epoch);
-        let end = from + stretches.iter().sum::<usize>();
-        if end > self.len {
-            // Padding: the epoch's own first samples again.
-            let pad: Vec<usize> = (self.len..end).map(|i| order[i % self.len]).collect();
-            order.extend(pad);
-        }
-        let mut batches = Vec::with_capacity(stretches.len());
+        let mut parts = Vec::with_capacity(stretches.len());
         let mut before = Vec::with_capacity(stretches.len() + 1);
         let mut at = from;
         before.push(at as u64);
         for n in stretches {
-            if let (Some(_), Some(seed)) = (&self.ordered_by, self.seed) {
-                // Keyed by where the stretch starts, which a resume on
-                // the same ranks plans alike.
-                let mut rng = keyed_rng(seed, epoch, Purpose::Stretch, at as u64);
-                order[at..at + n].shuffle(&mut rng);
-            }
-            let mut start = at;
-            for (i, part) in split_even(n, ws).enumerate() {
-                if i == r {
-                    batches.push(start..start + part);
-                }
-                start += part;
-            }
+            // Rank `r`'s part of the stretch: after the `r` parts before
+            // it (the first `n % ws` one larger).
+            let (q, extra) = (n / ws, n % ws);
+            let start = r * q + r.min(extra);
+            parts.push(start..start + q + usize::from(r < extra));
             at += n;
             before.push(at as u64);
         }
+        // With a seed, a source-ordered stretch is shuffled within itself.
+        let within = match (&self.ordered_by, self.seed) {
+            (Some(_), Some(seed)) => Some((seed, epoch)),
+            _ => None,
+        };
         Plan {
-            order,
-            batches,
             before,
+            batches: Batches::Computed {
+                order: std::sync::Arc::new(self.epoch_order(epoch)),
+                len: self.len,
+                parts,
+                within,
+            },
         }
     }
 }
@@ -324,10 +432,10 @@ mod tests {
         let plans: Vec<Plan> = (0..ws)
             .map(|r| sampler(len, bs, rem, r, ws).unwrap().plan(3, from))
             .collect();
-        let nb = plans[0].batches.len();
+        let nb = plans[0].len();
         let mut all = Vec::new();
         for p in &plans {
-            assert_eq!(p.batches.len(), nb, "len {len} bs {bs} ws {ws} {rem:?}");
+            assert_eq!(p.len(), nb, "len {len} bs {bs} ws {ws} {rem:?}");
             assert_eq!(
                 p.before, plans[0].before,
                 "every rank plans the same stretches"
@@ -435,7 +543,6 @@ mod tests {
     fn pad_wraps_around_to_the_epochs_first_samples() {
         let s = Sampler::new(5, 2, None, Remainder::Pad, 0, 4).unwrap();
         let p = s.plan(0, 0);
-        assert_eq!(p.order, vec![0, 1, 2, 3, 4, 0, 1, 2]);
         assert_eq!(p.batch_indices(), vec![vec![0, 1]]);
         let s3 = Sampler::new(5, 2, None, Remainder::Pad, 3, 4).unwrap();
         assert_eq!(s3.plan(0, 0).batch_indices(), vec![vec![1, 2]]);
@@ -484,7 +591,7 @@ mod tests {
                     for rem in POLICIES {
                         if let Ok(s) = Sampler::new(len, bs, None, rem, 0, ws) {
                             assert!(s.num_batches() > 0, "len {len} bs {bs} ws {ws} {rem:?}");
-                            assert_eq!(s.num_batches(), s.plan(0, 0).batches.len());
+                            assert_eq!(s.num_batches(), s.plan(0, 0).len());
                         }
                     }
                 }

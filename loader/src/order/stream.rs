@@ -302,13 +302,13 @@ impl StreamPlanner {
     /// The epoch's order and batches for this rank.
     pub(crate) fn plan(&self, epoch: u64) -> Plan {
         let batches = self.num_batches(epoch);
-        let order: Vec<usize> = self
+        let indices: Vec<usize> = self
             .order_of(epoch, |s| {
                 let info = &self.shards[s];
                 info.first..info.first + info.records
             })
             .collect();
-        let take = order.len().min(batches * self.batch_size);
+        let take = indices.len().min(batches * self.batch_size);
         let bs = self.batch_size;
         // Every rank's planned records, for the samples of all ranks before
         // each batch (the state's position, the same on every rank).
@@ -322,15 +322,15 @@ impl StreamPlanner {
                 n.min(batches * bs)
             })
             .collect();
-        Plan {
-            batches: (0..batches)
+        Plan::listed(
+            indices,
+            (0..batches)
                 .map(|b| b * bs..((b + 1) * bs).min(take))
                 .collect(),
-            before: (0..=batches)
+            (0..=batches)
                 .map(|b| takes.iter().map(|&t| t.min(b * bs) as u64).sum())
                 .collect(),
-            order,
-        }
+        )
     }
 }
 
@@ -401,18 +401,18 @@ mod tests {
                         .plan(epoch)
                 })
                 .collect();
-            assert_eq!(plans[0].batches.len(), plans[1].batches.len());
+            assert_eq!(plans[0].len(), plans[1].len());
             // Every rank plans the same samples-before table: the sum of
             // all ranks' batches before each index.
             assert_eq!(plans[0].before, plans[1].before);
             for (b, &before) in plans[0].before.iter().enumerate() {
                 let sum: usize = plans
                     .iter()
-                    .map(|p| p.batches[..b].iter().map(|r| r.len()).sum::<usize>())
+                    .map(|p| (0..b).map(|k| p.batch_len(k)).sum::<usize>())
                     .sum();
                 assert_eq!(before, sum as u64, "epoch {epoch} batch {b}");
             }
-            let mut seen: Vec<usize> = plans.iter().flat_map(|p| p.order.clone()).collect();
+            let mut seen: Vec<usize> = plans.iter().flat_map(|p| p.indices()).collect();
             seen.sort();
             seen.dedup();
             assert_eq!(seen.len(), 46, "every record belongs to exactly one rank");
@@ -427,9 +427,9 @@ mod tests {
             block_length: 1,
         };
         let p = |seed, buf| StreamPlanner::new(&sh, 10, seed, false, (0, 1), il, buf).unwrap();
-        let a = p(Some(1), 16).plan(0).order;
-        assert_eq!(a, p(Some(1), 16).plan(0).order);
-        assert_ne!(a, p(Some(1), 16).plan(1).order);
+        let a = p(Some(1), 16).plan(0).indices();
+        assert_eq!(a, p(Some(1), 16).plan(0).indices());
+        assert_ne!(a, p(Some(1), 16).plan(1).indices());
         let mut sorted = a.clone();
         sorted.sort();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
@@ -437,22 +437,19 @@ mod tests {
         assert!(a.iter().enumerate().all(|(pos, &i)| {
             let unshuffled = p(Some(1), 1)
                 .plan(0)
-                .order
+                .indices()
                 .iter()
                 .position(|&x| x == i)
                 .unwrap();
             unshuffled <= pos + 16
         }));
         // No seed: shard order and records as written, interleaved.
-        let plain = p(None, 16).plan(0).order;
+        let plain = p(None, 16).plan(0).indices();
         assert_eq!(&plain[..4], &[0, 50, 1, 51]);
     }
 
     fn batch_indices(p: &Plan) -> Vec<usize> {
-        p.batches
-            .iter()
-            .flat_map(|r| p.order[r.clone()].to_vec())
-            .collect()
+        p.batch_indices().concat()
     }
 
     #[test]

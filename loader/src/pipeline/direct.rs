@@ -111,7 +111,7 @@ impl Inbox {
                 handed: false,
                 order: Reorder::new(first),
                 next: first,
-                end: plan.batches.len(),
+                end: plan.len(),
                 pumps: 0,
                 waiting: false,
                 done: false,
@@ -455,7 +455,7 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
             inbox.fail(shared, index, e);
             break;
         }
-        let n = inbox.plan.batches[index].len();
+        let n = inbox.plan.batch_len(index);
         let table = match SlotTable::new(buf, n, &shared.schema) {
             Ok(table) => table,
             Err(failed) => {
@@ -488,7 +488,7 @@ fn pump(shared: &Arc<Shared>, inbox: &Arc<Inbox>) {
 
 /// Fills batch `index` into `table` and hands it to the inbox.
 fn fill(shared: &Arc<Shared>, inbox: &Arc<Inbox>, index: usize, table: SlotTable) {
-    let n = inbox.plan.batches[index].len();
+    let n = inbox.plan.batch_len(index);
     let filling = Arc::new(Filling::new(
         shared.clone(),
         inbox.plan.clone(),

@@ -113,11 +113,11 @@ fn an_epoch_ended_by_a_failure_closes_its_channel_when_drained_by_the_consumer()
         .build()
         .unwrap();
     let shared = l.shared.clone();
-    let plan = Arc::new(Plan {
-        order: (0..8).collect(),
-        batches: (0..4).map(|b| 2 * b..2 * b + 2).collect(),
-        before: (0..5).map(|b| 2 * b).collect(),
-    });
+    let plan = Arc::new(Plan::listed(
+        (0..8).collect(),
+        (0..4).map(|b| 2 * b..2 * b + 2).collect(),
+        (0..5).map(|b| 2 * b).collect(),
+    ));
     let cancel = Arc::new(AtomicBool::new(false));
     let inbox = Arc::new(Inbox::new(
         (0, 99),

@@ -69,10 +69,7 @@ pub(super) fn feed(
         let plan = Arc::new(plan);
         if let (Some(ra), None) = (&shared.readahead, &stream) {
             // The rank's samples from `start`, in the order workers take them.
-            let rest = plan.batches.get(start..).unwrap_or_default();
-            let order = rest
-                .iter()
-                .flat_map(|r| plan.order[r.clone()].iter().copied());
+            let order = (start..plan.len()).flat_map(|k| plan.batch(k));
             ra.begin(gen, order.collect());
         }
         let mut dispatched = 0;
@@ -100,10 +97,7 @@ pub(super) fn feed(
         let mut skipped = Ok(());
         if let Some(stream) = &mut stream {
             // Resuming a stream: read past the batches before `start`.
-            let skip = plan
-                .batches
-                .get(..start)
-                .map_or(0, |b| b.iter().map(|r| r.len()).sum());
+            let skip: usize = (0..start.min(plan.len())).map(|k| plan.batch_len(k)).sum();
             skipped = caught(format!("the records before batch {start}"), || {
                 for _ in 0..skip {
                     if cancel.load(Ordering::Relaxed) || stream.0.next().is_none() {
@@ -113,11 +107,11 @@ pub(super) fn feed(
                 Ok(())
             });
         }
-        for index in start..plan.batches.len() {
+        for index in start..plan.len() {
             if cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let n = plan.batches[index].len();
+            let n = plan.batch_len(index);
             // Once a batch costs under a millisecond (known after the
             // first samples), the rest of the epoch is direct.
             if direct_ok && super::direct::wanted(shared, n) {
@@ -225,8 +219,8 @@ pub(super) fn read_batch(
     stream: &mut (dyn Iterator<Item = Streamed> + Send),
     cancel: &AtomicBool,
 ) -> Result<Option<Vec<PreRead>>> {
-    let mut records = Vec::with_capacity(plan.batches[index].len());
-    for &want in &plan.order[plan.batches[index].clone()] {
+    let mut records = Vec::with_capacity(plan.batch_len(index));
+    for want in plan.batch(index) {
         if cancel.load(Ordering::Relaxed) {
             return Ok(None);
         }
@@ -236,7 +230,7 @@ pub(super) fn read_batch(
             _ => {
                 return Err(Error::PipelineStopped {
                     delivered: index,
-                    expected: plan.batches.len(),
+                    expected: plan.len(),
                 })
             }
         }

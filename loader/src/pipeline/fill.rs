@@ -219,7 +219,8 @@ pub(super) enum Handoff {
 /// one (as a nested `par_iter` waiting for its last sample would).
 pub(super) struct Filling {
     pub(super) shared: Arc<Shared>,
-    pub(super) plan: Arc<Plan>,
+    /// The batch's source indices.
+    pub(super) indices: Vec<usize>,
     pub(super) index: usize,
     pub(super) epoch: u64,
     pub(super) gen: u64,
@@ -299,7 +300,7 @@ impl Filling {
         Self {
             claim,
             shared,
-            plan,
+            indices: plan.batch(index),
             index,
             epoch,
             gen,
@@ -312,7 +313,7 @@ impl Filling {
     }
 
     fn indices(&self) -> &[usize] {
-        &self.plan.order[self.plan.batches[self.index].clone()]
+        &self.indices
     }
 
     /// Claims and processes samples until none are left to claim, as one

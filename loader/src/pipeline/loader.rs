@@ -265,7 +265,7 @@ impl Loader {
     fn epoch_at(&mut self, epoch: u64, from: u64, start: usize) -> Epoch<'_> {
         self.resumed = None;
         let plan = self.order.plan(epoch, from);
-        let total = plan.batches.len();
+        let total = plan.len();
         let before: Arc<[u64]> = plan.before.clone().into();
         self.position = Position::new(epoch, start, &before);
         let cancel = Arc::new(AtomicBool::new(false));

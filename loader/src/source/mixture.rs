@@ -26,8 +26,8 @@
 
 use crate::contract::{check_index, reads_through, Damage, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
+use crate::order::permute::Permutation;
 use crate::rng::{keyed_rng, Purpose};
-use rand::seq::SliceRandom;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -343,26 +343,27 @@ impl Mixture {
         let passes: Vec<u64> = (first / len..=last).collect();
         let member_seed = seed
             .map(|s| rand::RngCore::next_u64(&mut keyed_rng(s, 0, Purpose::MixturePass, d as u64)));
-        let mut orders: Vec<Vec<usize>> = passes
+        // A pass in the member's own order, or by the keyed permutation
+        // of `(seed, pass)` (no table of the member's length).
+        let mut orders: Vec<Option<Vec<usize>>> = passes
             .iter()
             .rev()
-            .map(|&pass| {
-                member.begin_epoch(member_seed, pass).unwrap_or_else(|| {
-                    let mut order: Vec<usize> = (0..len as usize).collect();
-                    if let Some(seed) = seed {
-                        order.shuffle(&mut keyed_rng(seed, pass, Purpose::MixturePass, d as u64));
-                    }
-                    order
-                })
-            })
+            .map(|&pass| member.begin_epoch(member_seed, pass))
             .collect();
         orders.reverse();
         let mut out = Vec::with_capacity(n);
         let mut k = first;
-        for order in orders {
+        for (order, &pass) in orders.iter().zip(&passes) {
             let from = (k % len) as usize;
             let take = (len as usize - from).min(n - out.len());
-            out.extend(&order[from..from + take]);
+            match (order, seed) {
+                (Some(order), _) => out.extend(&order[from..from + take]),
+                (None, Some(seed)) => {
+                    let p = Permutation::new(len, seed, pass, Purpose::MixturePass, d as u64);
+                    out.extend((from..from + take).map(|i| p.at(i as u64) as usize));
+                }
+                (None, None) => out.extend(from..from + take),
+            }
             k += take as u64;
         }
         out

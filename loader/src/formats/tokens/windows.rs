@@ -3,8 +3,8 @@
 //! function of `(seed, epoch)`.
 
 use crate::error::{Error, Result};
+use crate::order::permute::Permutation;
 use crate::rng::{keyed_rng, Purpose};
-use rand::seq::SliceRandom;
 use rand::Rng;
 
 /// Where an epoch's windows start: which file, which token.
@@ -35,6 +35,8 @@ pub enum WindowOrder {
 pub struct TokenWindows {
     /// Per file: how many tokens it holds.
     lens: Vec<usize>,
+    /// Windows before each file, and in all (last): `lens.len() + 1`.
+    before: Vec<usize>,
     pub(super) seq_len: usize,
     order: WindowOrder,
     seed: u64,
@@ -60,8 +62,16 @@ impl TokenWindows {
         if world_size == 0 || rank >= world_size {
             return bad(format!("rank {rank} of world size {world_size}"));
         }
+        let mut before = Vec::with_capacity(lens.len() + 1);
+        let mut sum = 0usize;
+        before.push(0);
+        for &len in &lens {
+            sum = sum.saturating_add(len.saturating_sub(1) / seq_len);
+            before.push(sum);
+        }
         let w = Self {
             lens,
+            before,
             seq_len,
             order,
             seed,
@@ -78,14 +88,16 @@ impl TokenWindows {
         Ok(w)
     }
 
-    /// Non-overlapping windows of file `f`: starts `0, seq_len, ...` while
-    /// `seq_len + 1` tokens remain.
-    fn windows_in(&self, f: usize) -> usize {
-        self.lens[f].saturating_sub(1) / self.seq_len
+    pub(super) fn total(&self) -> usize {
+        *self.before.last().expect("the total")
     }
 
-    pub(super) fn total(&self) -> usize {
-        (0..self.lens.len()).map(|f| self.windows_in(f)).sum()
+    /// The file that holds window `k` of the files' windows counted in
+    /// order (`k` below the total), and `k`'s place in it.
+    fn file_of(&self, k: usize) -> (usize, usize) {
+        // The last file whose windows start at or before `k` and has some.
+        let file = self.before.partition_point(|&b| b <= k) - 1;
+        (file, k - self.before[file])
     }
 
     /// Window `i` of `epoch` in the random order: a file by its share of
@@ -97,12 +109,7 @@ impl TokenWindows {
 
     pub(super) fn random_window_seeded(&self, seed: u64, epoch: u64, i: usize) -> WindowStart {
         let mut rng = keyed_rng(seed, epoch, Purpose::Sample, i as u64);
-        let mut pick = rng.random_range(0..self.total());
-        let mut file = 0;
-        while pick >= self.windows_in(file) {
-            pick -= self.windows_in(file);
-            file += 1;
-        }
+        let (file, _) = self.file_of(rng.random_range(0..self.total()));
         let last = self.lens[file] - self.seq_len - 1;
         WindowStart {
             file,
@@ -112,18 +119,15 @@ impl TokenWindows {
 
     /// The `k`-th non-overlapping window, counting through the files in
     /// order; `None` past the last.
-    pub fn fixed_window(&self, mut k: usize) -> Option<WindowStart> {
-        for file in 0..self.lens.len() {
-            let n = self.windows_in(file);
-            if k < n {
-                return Some(WindowStart {
-                    file,
-                    token: k * self.seq_len,
-                });
-            }
-            k -= n;
+    pub fn fixed_window(&self, k: usize) -> Option<WindowStart> {
+        if k >= self.total() {
+            return None;
         }
-        None
+        let (file, k) = self.file_of(k);
+        Some(WindowStart {
+            file,
+            token: k * self.seq_len,
+        })
     }
 
     /// Windows per epoch for each rank (equal on every rank: the tail that
@@ -132,29 +136,24 @@ impl TokenWindows {
         self.total() / self.world_size
     }
 
-    /// This rank's window starts for `epoch`, in order.
+    /// This rank's window starts for `epoch`, in order: the epoch's
+    /// positions `rank, rank + world_size, ...`, each computed on its own
+    /// (no table of every rank's windows).
     pub fn plan(&self, epoch: u64) -> Vec<WindowStart> {
-        let total = self.total();
-        let all: Vec<WindowStart> = match self.order {
+        let positions = (0..self.per_rank()).map(|j| self.rank + j * self.world_size);
+        match self.order {
             WindowOrder::NonOverlapping => {
-                let mut all: Vec<WindowStart> = (0..self.lens.len())
-                    .flat_map(|file| (0..self.windows_in(file)).map(move |k| (file, k)))
-                    .map(|(file, k)| WindowStart {
-                        file,
-                        token: k * self.seq_len,
+                // The sampler's permutation, from the same `(seed, epoch)` key.
+                let p =
+                    Permutation::new(self.total() as u64, self.seed, epoch, Purpose::Shuffle, 0);
+                positions
+                    .map(|i| {
+                        self.fixed_window(p.at(i as u64) as usize)
+                            .expect("a position below the total")
                     })
-                    .collect();
-                // The sampler's shuffle, from the same `(seed, epoch)` stream.
-                all.shuffle(&mut keyed_rng(self.seed, epoch, Purpose::Shuffle, 0));
-                all
+                    .collect()
             }
-            WindowOrder::Random => (0..total).map(|i| self.random_window(epoch, i)).collect(),
-        };
-        let n = self.per_rank();
-        all.into_iter()
-            .skip(self.rank)
-            .step_by(self.world_size)
-            .take(n)
-            .collect()
+            WindowOrder::Random => positions.map(|i| self.random_window(epoch, i)).collect(),
+        }
     }
 }
