@@ -3,9 +3,11 @@
 //! A loader's order is a pure function of its seed, the epoch and the
 //! batch index, so the position is two numbers: the epoch and the next
 //! batch in it. Resuming is arithmetic ([`Loader::epoch_from`]), never a
-//! replay of decoding; the streaming mode re-reads (without decoding) the
-//! records of the epoch before the position, because its shuffle buffer
-//! is rebuilt from them. Beside the position the state keeps what decides
+//! replay of decoding or reading; the streaming mode replays its
+//! interleave and shuffle buffer over the records' indices up to the
+//! position (arithmetic), reading only the records it then delivers (a
+//! compressed TFRecord shard, which cannot skip, is read through).
+//! Beside the position the state keeps what decides
 //! which batches those numbers mean (the [`Identity`]): a loader built
 //! with [`LoaderBuilder::resume`] checks it and refuses a state saved by a
 //! loader with another source or other settings, saying what differs.

@@ -186,3 +186,76 @@ fn convert_round_trips_every_format() {
         )
     );
 }
+
+/// Four shards of 25 records that count their reads.
+struct CountingShards {
+    shards: Vec<candle_wick::source::ShardInfo>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Source for CountingShards {
+    fn len(&self) -> usize {
+        100
+    }
+
+    fn read(&self, index: usize) -> candle_wick::Result<candle_wick::source::Record> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(candle_wick::source::Record::encoded(
+            format!("#{index}"),
+            Vec::new(),
+            index as u32,
+        ))
+    }
+
+    fn shards(&self) -> &[candle_wick::source::ShardInfo] {
+        &self.shards
+    }
+}
+
+/// A streamed epoch resumed at batch `start` reads only the records of the
+/// batches it delivers (the shuffle buffer's replay before the resume
+/// point reads nothing), and delivers exactly the uninterrupted epoch's
+/// rest. The records before the point were all read again before.
+#[test]
+fn a_resumed_stream_reads_only_what_it_delivers() {
+    use candle_wick::fields::{Field, FieldType};
+    use candle_wick::map::{map_fn, Sample};
+    let source = std::sync::Arc::new(CountingShards {
+        shards: tests::fake_shards(4, 25),
+        reads: Default::default(),
+    });
+    let loader = || {
+        let map = map_fn(
+            vec![Field::new("i", FieldType::U32, &[1])],
+            |s: &mut Sample<'_>| {
+                let label = s.record().label;
+                s.take::<u32>(0)?.copy_from_slice(&[label]);
+                Ok(())
+            },
+        );
+        Loader::builder(source.clone())
+            .map(map)
+            .batch_size(5)
+            .shuffle(3)
+            .interleave(2, 3)
+            .shuffle_buffer(16)
+            .workers(1)
+            .build()
+            .unwrap()
+    };
+    let reads = || source.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let whole: Vec<Vec<usize>> = loader().epoch(2).map(|b| b.unwrap().indices).collect();
+    assert_eq!(whole.len(), 20);
+    let before = reads();
+    let rest: Vec<Vec<usize>> = loader()
+        .epoch_from(2, 12)
+        .map(|b| b.unwrap().indices)
+        .collect();
+    assert_eq!(rest, whole[12..], "the uninterrupted epoch's rest");
+    assert_eq!(
+        reads() - before,
+        8 * 5,
+        "a resume at batch 12 of 20 reads the 40 records it delivers"
+    );
+}

@@ -202,6 +202,9 @@ impl StreamPlanner {
         // can come up: the rank dealt the fewest, smallest shards must
         // still fill a batch.
         let empty_epoch = match seed {
+            // Where the ranks divide the shards, a rotation by one shard
+            // deals each rank the shards another had: one epoch tells.
+            None if shards.len().is_multiple_of(world_size) => p.num_batches(0) == 0,
             None => (0..shards.len() as u64).any(|e| p.num_batches(e) == 0),
             Some(_) => {
                 let mut sizes: Vec<usize> = shards.iter().map(|s| s.records).collect();
@@ -268,17 +271,21 @@ impl StreamPlanner {
     /// records stops there; its surplus is read in other epochs, which deal
     /// the shards differently (reshuffled with a seed, rotated without).
     pub(crate) fn num_batches(&self, epoch: u64) -> usize {
-        (0..self.world_size)
-            .map(|r| {
-                let n = self
-                    .rank_shards(epoch, r)
-                    .iter()
-                    .map(|&s| self.shards[s].records)
-                    .sum();
-                self.batches_of(n)
-            })
+        self.rank_records(epoch)
+            .into_iter()
+            .map(|n| self.batches_of(n))
             .min()
             .unwrap_or(0)
+    }
+
+    /// Records dealt to each rank in `epoch`: one pass over the shard
+    /// order (O(shards), whatever the world size).
+    fn rank_records(&self, epoch: u64) -> Vec<usize> {
+        let mut records = vec![0usize; self.world_size];
+        for (i, s) in self.shard_order(epoch).into_iter().enumerate() {
+            records[i % self.world_size] += self.shards[s].records;
+        }
+        records
     }
 
     /// Interleaves and shuffles the inputs of this rank's shards.
@@ -301,7 +308,8 @@ impl StreamPlanner {
 
     /// The epoch's order and batches for this rank.
     pub(crate) fn plan(&self, epoch: u64) -> Plan {
-        let batches = self.num_batches(epoch);
+        let dealt = self.rank_records(epoch);
+        let batches = dealt.iter().map(|&n| self.batches_of(n)).min().unwrap_or(0);
         let indices: Vec<usize> = self
             .order_of(epoch, |s| {
                 let info = &self.shards[s];
@@ -312,16 +320,7 @@ impl StreamPlanner {
         let bs = self.batch_size;
         // Every rank's planned records, for the samples of all ranks before
         // each batch (the state's position, the same on every rank).
-        let takes: Vec<usize> = (0..self.world_size)
-            .map(|r| {
-                let n: usize = self
-                    .rank_shards(epoch, r)
-                    .iter()
-                    .map(|&s| self.shards[s].records)
-                    .sum();
-                n.min(batches * bs)
-            })
-            .collect();
+        let takes: Vec<usize> = dealt.iter().map(|&n| n.min(batches * bs)).collect();
         Plan::listed(
             indices,
             (0..batches)

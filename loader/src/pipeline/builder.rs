@@ -171,9 +171,10 @@ impl LoaderBuilder {
     /// may come from a job of another world size (elastic resume: the rest
     /// of the epoch is planned from the samples all ranks had taken, each
     /// exactly once; see [`LoaderState`]). In the streaming mode the loader
-    /// re-reads, without decoding, the records of the epoch before the
-    /// saved batch (its shuffle buffer is rebuilt from them): at most one
-    /// epoch of record reads; mid-epoch it resumes on the same world size only.
+    /// replays its shuffle buffer over the indices of the records before
+    /// the saved batch without reading them (but a compressed TFRecord
+    /// shard's, which cannot skip); mid-epoch it resumes on the same world
+    /// size only.
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
         self

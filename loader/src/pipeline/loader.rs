@@ -277,12 +277,18 @@ impl Loader {
                     cancel: cancel.clone(),
                     on_retry: Arc::new(move || shared.counters.read_retried()),
                 };
+                // Resumed: the records of the batches before `start` are
+                // not read again.
+                let mut consumed: Vec<usize> =
+                    (0..start.min(total)).flat_map(|k| plan.batch(k)).collect();
+                consumed.sort_unstable();
                 Some(RecordIter(Box::new(crate::read::stream::records(
                     s,
                     epoch,
                     self.shared.source.clone(),
                     self.shared.parts.clone(),
                     retry,
+                    consumed.into(),
                 ))))
             }
             Order::Sampled(_) => None,

@@ -14,12 +14,20 @@ pub(crate) type Streamed = (usize, Result<Record>);
 
 /// The records of the epoch for this rank, in the plan's order, read
 /// sequentially from the shards.
+///
+/// `consumed` (sorted): the records a resumed epoch delivered before its
+/// resume point. They come out in their places, as the shuffle buffer
+/// needs them to, but unread (an error saying so, which the feeder
+/// discards): a resume reads only the records it delivers, but for a
+/// source's own sequential reader (a compressed TFRecord shard), which
+/// cannot skip.
 pub(crate) fn records(
     planner: &StreamPlanner,
     epoch: u64,
     source: Arc<dyn Source>,
     parts: Arc<Parts>,
     retry: Retry,
+    consumed: Arc<[usize]>,
 ) -> impl Iterator<Item = Streamed> + Send {
     let shards = planner.shards().to_vec();
     // A remote shard's stream starts before the interleave reaches it.
@@ -32,7 +40,10 @@ pub(crate) fn records(
     let mut started = std::collections::VecDeque::new();
     let mut called = 0;
     planner.order_of(epoch, move |s| {
-        let open = |s: usize| shard_stream(&source, &shards[s], s, parts.clone(), retry.clone());
+        let open = |s: usize| {
+            let read = (parts.clone(), retry.clone(), consumed.clone());
+            shard_stream(&source, &shards[s], s, read)
+        };
         let have = called + started.len();
         for &next in upcoming
             .iter()
@@ -62,8 +73,7 @@ fn shard_stream(
     source: &Arc<dyn Source>,
     info: &ShardInfo,
     s: usize,
-    parts: Arc<Parts>,
-    retry: Retry,
+    (parts, retry, consumed): (Arc<Parts>, Retry, Arc<[usize]>),
 ) -> Box<dyn Iterator<Item = Streamed> + Send> {
     let range = info.first..info.first + info.records;
     let path = info.path.clone();
@@ -92,11 +102,15 @@ fn shard_stream(
                 .map(move |(i, r)| (i, r.unwrap_or_else(|| Err(gap(i))))),
         ),
         Ok(None) if source.wants_read_ahead() => {
-            produced(source.clone(), (range, &info.path), parts, retry)
+            produced(source.clone(), (range, &info.path), parts, retry, consumed)
         }
         Ok(None) => {
             let source = source.clone();
+            let path = info.path.clone();
             Box::new(range.map(move |i| {
+                if consumed.binary_search(&i).is_ok() {
+                    return (i, Err(not_read(&path, i)));
+                }
                 let Retry {
                     retries,
                     cancel,
@@ -139,6 +153,7 @@ fn produced(
     (range, path): (std::ops::Range<usize>, &std::path::Path),
     parts: Arc<Parts>,
     retry: Retry,
+    consumed: Arc<[usize]>,
 ) -> Box<dyn Iterator<Item = Streamed> + Send> {
     let path = path.to_path_buf();
     let (tx, rx) = crossbeam_channel::bounded(STREAM_BUFFER);
@@ -154,6 +169,12 @@ fn produced(
         for i in range {
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
+            }
+            if consumed.binary_search(&i).is_ok() {
+                if tx.send((i, Err(not_read(&path, i)))).is_err() {
+                    break;
+                }
+                continue;
             }
             if let Some(why) = &lost {
                 let e = Error::Shard {
@@ -217,6 +238,17 @@ fn produced(
                 (i, Err(Error::InvalidConfig(why)))
             }))
         }
+    }
+}
+
+/// The stand-in for record `i`, delivered before a resume point and not
+/// read again.
+fn not_read(path: &std::path::Path, i: usize) -> Error {
+    Error::Shard {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason: format!("record {i} was delivered before the resume point: not read again"),
+        source: None,
     }
 }
 
