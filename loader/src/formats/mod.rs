@@ -372,7 +372,11 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///   two datasets rather than one with strays, and that is an error
 ///   naming both (open the one meant with its own type).
 pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
-    let path = path.as_ref();
+    // One listing of a URL prefix for every suffix probed.
+    crate::storage::one_listing(|| detect_in(path.as_ref()))
+}
+
+fn detect_in(path: &Path) -> Result<Detected> {
     let one = |kind, why: String| Detected {
         kind,
         paths: vec![path.to_path_buf()],
@@ -563,8 +567,10 @@ pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
 /// # Ok(()) }
 /// ```
 pub fn open_path(path: impl AsRef<Path>) -> Result<Box<dyn Source>> {
-    let found = detect(path)?;
-    found.kind.open(&found.paths)
+    crate::storage::one_listing(|| {
+        let found = detect(path)?;
+        found.kind.open(&found.paths)
+    })
 }
 
 #[cfg(test)]

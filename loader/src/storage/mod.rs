@@ -482,10 +482,14 @@ pub(crate) fn delete(url: &Path) -> Result<()> {
     remote::delete(url_of(url))
 }
 
-/// Every object under the URL prefix `url`, as URLs, sorted.
-pub(crate) fn list_all(url: &str) -> Result<Vec<String>> {
-    remote::list(url, true)
+/// Every object under the URL prefix `url`, as URLs, sorted; the sizes
+/// and versions of those ending with one of `opened` kept for their opens.
+pub(crate) fn list_all(url: &str, opened: &[&str]) -> Result<Vec<String>> {
+    remote::list(url, true, &|u| opened.iter().any(|s| u.ends_with(s)))
 }
+
+/// Runs `f` with each URL prefix listed at most once on this thread.
+pub(crate) use remote::one_listing;
 
 /// The objects a URL names: itself when its name ends with one of
 /// `suffixes`; a brace pattern's expansion (`train-{0000..0099}.tar`, as
@@ -501,7 +505,7 @@ pub(crate) fn list_urls(url: &str, suffixes: &[&str]) -> Result<Vec<PathBuf>> {
         vec![url.to_string()]
     } else {
         let prefix = url.trim_end_matches('/');
-        remote::list(prefix, false)?
+        remote::list(prefix, false, &ends)?
             .into_iter()
             .filter(|u| ends(u))
             .collect()

@@ -52,8 +52,12 @@ pub(crate) fn get_whole(url: &str, _max: u64) -> Result<std::result::Result<Vec<
     Err(missing(url))
 }
 
-pub(crate) fn list(url: &str, _deep: bool) -> Result<Vec<String>> {
+pub(crate) fn list(url: &str, _deep: bool, _keep: &dyn Fn(&str) -> bool) -> Result<Vec<String>> {
     Err(missing(url))
+}
+
+pub(crate) fn one_listing<T>(f: impl FnOnce() -> T) -> T {
+    f()
 }
 
 pub(crate) fn delete(url: &str) -> Result<()> {

@@ -215,7 +215,7 @@ fn clear_destination(dst: &Path, overwrite: bool) -> Result<()> {
     let mut found: Vec<PathBuf> = Vec::new();
     if crate::storage::is_url(dst) {
         let base = crate::storage::url_of(dst).trim_end_matches('/');
-        let under = crate::storage::list_all(base).unwrap_or_default();
+        let under = crate::storage::list_all(base, &[]).unwrap_or_default();
         for url in under {
             let rel = url
                 .strip_prefix(base)

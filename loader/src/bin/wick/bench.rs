@@ -6,7 +6,7 @@ use candle_wick::map::TokenWindowsMap;
 use candle_wick::source::{detect, DatasetKind, DocumentWindows, Megatron};
 use candle_wick::stats::Stats;
 use candle_wick::storage::RemoteCache;
-use candle_wick::{open_path, CacheMode, Loader, Output, Setting, Source, Transforms};
+use candle_wick::{CacheMode, Loader, Output, Setting, Source, Transforms};
 use clap::ValueEnum;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -406,7 +406,7 @@ pub(crate) fn open_shared(a: &BenchArgs) -> Result<Data, Box<dyn std::error::Err
             tokens: Some(m),
         });
     }
-    let source = open_path(&a.data)?;
+    let source = found.kind.open(&found.paths)?;
     for d in source.damage() {
         eprintln!(
             "wick: left out damaged {:?} from byte {}: {}",

@@ -2,7 +2,6 @@
 //! WebDataset tar, safetensors shards or Parquet in the Hugging Face Hub's
 //! layout.
 
-use candle_wick::open_path;
 use candle_wick::source::{detect, DatasetKind, ImageFolder, Parquet};
 use candle_wick::write::{convert, ConvertOptions, ShardFormat};
 use clap::ValueEnum;
@@ -67,7 +66,8 @@ pub(crate) enum OutFormat {
 }
 
 pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let source = open_path(&a.src)?;
+    let found = detect(&a.src)?;
+    let source = found.kind.open(&found.paths)?;
     let format = match a.format {
         OutFormat::Tfrecord => ShardFormat::TfRecord,
         OutFormat::Wds => ShardFormat::WebDataset,
@@ -81,13 +81,12 @@ pub(crate) fn run_convert(a: &ConvertArgs) -> Result<(), Box<dyn std::error::Err
     };
     // The class names, where the source has them: an image folder's
     // folders, a Parquet file's ClassLabel.
-    let classes = match detect(&a.src).map(|d| d.kind) {
-        Ok(DatasetKind::ImageFolder) if !candle_wick::storage::is_url(&a.src) => {
+    let classes = match found.kind {
+        DatasetKind::ImageFolder if !candle_wick::storage::is_url(&a.src) => {
             ImageFolder::new(&a.src).ok().map(|f| f.classes().to_vec())
         }
-        Ok(DatasetKind::Parquet) => detect(&a.src)
+        DatasetKind::Parquet => Parquet::open(&found.paths)
             .ok()
-            .and_then(|d| Parquet::open(d.paths).ok())
             .and_then(|p| p.classes().map(<[String]>::to_vec)),
         _ => None,
     };

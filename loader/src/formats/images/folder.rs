@@ -147,7 +147,7 @@ impl ImageFolder {
             .trim_end_matches('/')
             .to_string();
         let mut by_class: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
-        for object in crate::storage::list_all(&url)? {
+        for object in crate::storage::list_all(&url, &[])? {
             let Some(rest) = object.strip_prefix(url.as_str()) else {
                 continue;
             };

@@ -73,7 +73,7 @@ fn listing(root: &Path) -> Result<Vec<String>> {
         let base = crate::storage::url_of(root)
             .trim_end_matches('/')
             .to_string();
-        let all = crate::storage::list_all(&base)?;
+        let all = crate::storage::list_all(&base, &[".parquet"])?;
         return Ok(all
             .into_iter()
             .filter_map(|u| u.strip_prefix(&format!("{base}/")).map(String::from))

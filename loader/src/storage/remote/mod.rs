@@ -491,7 +491,12 @@ pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes
 /// `train/val/x` nor `train-old/x`). HTTP servers list nothing
 /// (object_store reads WebDAV listings only): an error that says to name
 /// the objects.
-pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<String>> {
+///
+/// The size and version of each object `keep` accepts are kept for the
+/// open that follows (it then sends no HEAD), whatever the listing's
+/// length; the others' are not (an image folder's files, read with GETs).
+/// Inside [`one_listing`], a prefix is listed once however often asked.
+pub(crate) fn list(url: &str, deep: bool, keep: &dyn Fn(&str) -> bool) -> Result<Vec<String>> {
     let (root, scheme, _) = split(url)?;
     if scheme == "http" || scheme == "https" {
         return Err(Error::InvalidConfig(format!(
@@ -499,34 +504,79 @@ pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<String>> {
              a shard pattern such as train-{{0000..0099}}.tar)"
         )));
     }
-    let (store, prefix) = store(url)?;
-    let p = prefix.clone();
-    let metas: Vec<object_store::ObjectMeta> = block_on(async move {
-        if deep {
-            store.list(Some(&p)).try_collect().await
-        } else {
-            store.list_with_delimiter(Some(&p)).await.map(|l| l.objects)
+    let memo_key = (url.to_string(), deep);
+    let memo = LISTINGS.with(|m| m.borrow().as_ref().and_then(|m| m.get(&memo_key).cloned()));
+    let objects = match memo {
+        Some(objects) => objects,
+        None => {
+            let (store, prefix) = store(url)?;
+            let p = prefix.clone();
+            let metas: Vec<object_store::ObjectMeta> = block_on(async move {
+                if deep {
+                    store.list(Some(&p)).try_collect().await
+                } else {
+                    store.list_with_delimiter(Some(&p)).await.map(|l| l.objects)
+                }
+            })?
+            .map_err(|e| remote_error(url, "cannot list the objects", e))?;
+            #[cfg(test)]
+            tests::LISTED_PREFIXES.with(|n| n.set(n.get() + 1));
+            let mut objects: Vec<(String, u64, Version)> = metas
+                .iter()
+                .map(|m| {
+                    let url = match scheme {
+                        "file" => format!("file:///{}", m.location),
+                        _ => format!("{root}/{}", m.location),
+                    };
+                    (url, m.size, Version::of(m))
+                })
+                .collect();
+            objects.sort_by(|a, b| a.0.cmp(&b.0));
+            let objects = Arc::new(objects);
+            LISTINGS.with(|m| {
+                if let Some(m) = m.borrow_mut().as_mut() {
+                    m.insert(memo_key, objects.clone());
+                }
+            });
+            objects
         }
-    })?
-    .map_err(|e| remote_error(url, "cannot list the objects", e))?;
-    let mut urls: Vec<String> = Vec::with_capacity(metas.len());
+    };
     let mut seen = crate::sync::lock(listed());
-    // Kept for the opens that follow a listing of shards; a huge listing
-    // (an image folder's files, read with GETs) is not kept.
-    let keep = metas.len() <= 100_000;
-    for m in metas {
-        let url = match scheme {
-            "file" => format!("file:///{}", m.location),
-            _ => format!("{root}/{}", m.location),
-        };
+    let mut urls = Vec::with_capacity(objects.len());
+    for (url, size, version) in objects.iter() {
         // What the listing says stands in for a HEAD at the open that follows.
-        if keep {
-            seen.insert(url.clone(), (m.size, Version::of(&m)));
+        if keep(url) {
+            seen.insert(url.clone(), (*size, version.clone()));
         }
-        urls.push(url);
+        urls.push(url.clone());
     }
-    urls.sort();
     Ok(urls)
+}
+
+/// Listings by `(prefix, deep)`, while [`one_listing`] runs on this thread.
+type Listings = HashMap<(String, bool), Arc<Vec<(String, u64, Version)>>>;
+
+thread_local! {
+    static LISTINGS: std::cell::RefCell<Option<Listings>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with each prefix listed at most once on this thread (a
+/// dataset's detection probes one suffix after another, then opens what
+/// it found, over one listing).
+pub(crate) fn one_listing<T>(f: impl FnOnce() -> T) -> T {
+    let outer = LISTINGS.with(|m| m.borrow().is_some());
+    if outer {
+        return f();
+    }
+    LISTINGS.with(|m| *m.borrow_mut() = Some(HashMap::new()));
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            LISTINGS.with(|m| *m.borrow_mut() = None);
+        }
+    }
+    let _clear = Clear;
+    f()
 }
 
 /// An object's size and version, by URL.

@@ -1,3 +1,58 @@
+thread_local! {
+    /// Prefixes listed by this thread.
+    pub(super) static LISTED_PREFIXES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Detecting a dataset under a prefix probes one suffix after another
+/// (TFRecord, tar, safetensors, Parquet, ...), then the open lists it
+/// again: over one listing. The sizes and versions of the shards are kept
+/// for their opens (no HEAD each), whatever the listing's length, and of
+/// nothing else.
+#[test]
+fn a_prefix_is_listed_once_and_only_its_shards_are_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        let mut tar = tar::Builder::new(Vec::new());
+        for ext in ["jpg", "cls"] {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(1);
+            h.set_cksum();
+            tar.append_data(&mut h, format!("{i}.{ext}"), &b"1"[..])
+                .unwrap();
+        }
+        std::fs::write(
+            dir.path().join(format!("s-{i}.tar")),
+            tar.into_inner().unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(format!("preview-{i}.jpg")), b"x").unwrap();
+    }
+    let prefix = format!("file://{}/", dir.path().display());
+    let before = LISTED_PREFIXES.with(|n| n.get());
+    let source = crate::formats::open_path(&prefix).unwrap();
+    assert_eq!(source.len(), 3);
+    assert_eq!(LISTED_PREFIXES.with(|n| n.get()) - before, 1, "one listing");
+    let url = |name: &str| {
+        format!(
+            "file:///{}",
+            dir.path()
+                .join(name)
+                .display()
+                .to_string()
+                .trim_start_matches('/')
+        )
+    };
+    // Listed again outside the detection: a new listing.
+    crate::storage::list_urls(&prefix, &[".tar"]).unwrap();
+    assert_eq!(LISTED_PREFIXES.with(|n| n.get()) - before, 2);
+    let kept = crate::sync::lock(super::listed());
+    assert!(kept.contains_key(&url("s-1.tar")), "a shard's size is kept");
+    assert!(
+        !kept.contains_key(&url("preview-1.jpg")),
+        "a jpg is not a shard"
+    );
+}
+
 /// `configure("s3://data", ..)` is for that bucket, not
 /// `s3://data-public`.
 #[test]
