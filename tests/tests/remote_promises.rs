@@ -463,3 +463,48 @@ fn an_index_pass_reads_each_byte_of_a_shard_once() {
         sent as f64 / size as f64
     );
 }
+
+/// A remote TFRecord shard with its `.idx` opens from the index: the
+/// index's bytes and the first and last record headers, not the shard
+/// (every byte of it was read before, to check each header). The records
+/// read through it are the shard's.
+#[test]
+fn a_tfrecord_shard_with_an_index_opens_without_reading_the_shard() {
+    use candle_wick::source::{ImageFolder, TfRecord};
+    let dir = tempfile::tempdir().unwrap();
+    image_folder(&dir.path().join("folder"), 4, 60);
+    let folder = ImageFolder::new(dir.path().join("folder")).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::TfRecord,
+        shard_size: 1000,
+        ..Default::default()
+    };
+    let shards = convert(&folder, &dir.path().join("tf"), &opts, &|_| {}).unwrap();
+    assert_eq!(shards.len(), 1);
+    let shard = std::fs::read(&shards[0]).unwrap();
+    // DALI's index: `offset size` (with the 16 bytes of framing) a record.
+    let (mut index, mut at) = (String::new(), 0usize);
+    while at < shard.len() {
+        let len = u64::from_le_bytes(shard[at..at + 8].try_into().unwrap()) as usize;
+        index.push_str(&format!("{at} {}\n", len + 16));
+        at += len + 16;
+    }
+    let index = index.into_bytes();
+    let server = ObjectServer::start();
+    server.put("/tf/s.tfrecord", shard.clone());
+    server.put("/tf/s.tfrecord.idx", index.clone());
+    let u = server.url("/tf/s.tfrecord");
+    let tf = within(60, move || TfRecord::open([u])).unwrap();
+    let sent = server.bytes_sent();
+    assert_eq!(tf.len(), 240);
+    assert!(
+        sent <= index.len() as u64 + 1024,
+        "opening sent {sent} bytes: the index is {} and the shard {}",
+        index.len(),
+        shard.len()
+    );
+    let local = TfRecord::open([&shards[0]]).unwrap();
+    for i in [0, 117, 239] {
+        assert_eq!(tf.read(i).unwrap().bytes, local.read(i).unwrap().bytes);
+    }
+}

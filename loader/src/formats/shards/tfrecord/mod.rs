@@ -152,7 +152,7 @@ impl TfRecord {
                     opts.read_index_files && idx.exists()
                 };
                 let records = if has_index {
-                    read_index_file(&idx, path, &mut reader, len)?
+                    read_index_file(&idx, (path, &file), len)?
                 } else {
                     let records = scan(path, &mut reader, len, &opts.shard, &mut set)?;
                     if opts.write_index_files && !remote {
