@@ -200,10 +200,13 @@ impl Parquet {
         opts: ParquetOptions,
     ) -> Result<Self> {
         let reads = Arc::new(Reads::default());
-        let mut files = Vec::new();
-        for path in paths {
-            files.push(open_file(path.as_ref(), &reads)?);
-        }
+        // Footers read at once (16 files at a time when remote): one file
+        // after another, a Hub dataset of 41,000 files took ~1 h of round
+        // trips.
+        let paths = crate::formats::shards::owned(paths);
+        let files = crate::formats::shards::open_each(&paths, |p| open_file(p, &reads))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         if files.is_empty() {
             return Err(Error::InvalidConfig("no Parquet file to open".into()));
         }
