@@ -4,6 +4,8 @@
 use crate::error::{shard_error, Error, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Largest sample file a file-backed source reads (512 MiB): a larger one
 /// is an error rather than an allocation of its size.
@@ -74,6 +76,148 @@ pub(crate) fn raise_open_files_limit() {
             }
         });
     }
+}
+
+/// A local shard file for positioned reads, held open while few files
+/// are: past [`open_files_budget`] open ones, the least recently read are
+/// closed, and each is opened again at its next read, checked to be the
+/// same file (device, inode, size and modification time), so that 41,000
+/// local shards read under a hard limit of 1,024 open files. A file
+/// replaced or changed while closed is an error naming it, never its new
+/// bytes at the old offsets.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalFile(Arc<Held>);
+
+#[derive(Debug)]
+struct Held {
+    path: PathBuf,
+    same: Identity,
+    file: Mutex<Option<Arc<File>>>,
+    /// [`CLOCK`] at its last read.
+    used: AtomicU64,
+}
+
+/// What says a reopened path is still the file first opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    #[cfg(unix)]
+    dev_ino: (u64, u64),
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Identity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            #[cfg(unix)]
+            dev_ino: {
+                use std::os::unix::fs::MetadataExt;
+                (meta.dev(), meta.ino())
+            },
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+}
+
+/// Reads of held files so far: their last-use stamps.
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// The held files that are open (some entries may have closed since).
+static OPEN: Mutex<Vec<Weak<Held>>> = Mutex::new(Vec::new());
+
+/// Local shard files held open at most: three quarters of the soft limit
+/// on open files (after [`raise_open_files_limit`]) less 64, at least 64,
+/// leaving the rest to sockets, sample files and the user's own.
+pub(crate) fn open_files_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        raise_open_files_limit();
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: getrlimit writes one rlimit, on this stack frame.
+            let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+                let soft = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+                return (soft / 4 * 3).saturating_sub(64).max(64);
+            }
+        }
+        4_096
+    })
+}
+
+impl LocalFile {
+    /// Opens `path`, naming it on failure, and returns it with its length.
+    pub(crate) fn open(path: &Path) -> Result<(Self, u64)> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let held = Arc::new(Held {
+            path: path.to_path_buf(),
+            same: Identity::of(&meta),
+            file: Mutex::new(None),
+            used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::Relaxed)),
+        });
+        hold(&held, Arc::new(file));
+        Ok((Self(held), meta.len()))
+    }
+
+    /// The open file: held, or opened again and checked to be the same.
+    pub(crate) fn file(&self) -> Result<Arc<File>> {
+        let held = &self.0;
+        held.used
+            .store(CLOCK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(file) = crate::sync::lock(&held.file).clone() {
+            return Ok(file);
+        }
+        let io = |source| Error::Io {
+            path: held.path.clone(),
+            source,
+        };
+        let file = File::open(&held.path).map_err(io)?;
+        if Identity::of(&file.metadata().map_err(io)?) != held.same {
+            return Err(Error::Dataset {
+                path: held.path.clone(),
+                reason: "the file changed since the dataset was opened (another file, size or \
+                         modification time): open the dataset again"
+                    .into(),
+                source: None,
+            });
+        }
+        let file = Arc::new(file);
+        hold(held, file.clone());
+        Ok(file)
+    }
+}
+
+/// Keeps `file` open in `held`, closing the least recently read held
+/// files (a quarter of the budget at once) when over the budget.
+fn hold(held: &Arc<Held>, file: Arc<File>) {
+    let budget = open_files_budget();
+    let mut open = crate::sync::lock(&OPEN);
+    if open.len() >= budget {
+        let mut live: Vec<(u64, Arc<Held>)> = open
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .filter(|h| crate::sync::lock(&h.file).is_some())
+            .map(|h| (h.used.load(Ordering::Relaxed), h))
+            .collect();
+        if live.len() >= budget {
+            live.sort_unstable_by_key(|(used, _)| *used);
+            let close = live.len() + 1 - budget + budget / 4;
+            for (_, h) in live.drain(..close.min(live.len())) {
+                // Reads under way keep their `Arc<File>`; it closes after them.
+                *crate::sync::lock(&h.file) = None;
+            }
+        }
+        open.extend(live.iter().map(|(_, h)| Arc::downgrade(h)));
+    }
+    *crate::sync::lock(&held.file) = Some(file);
+    open.push(Arc::downgrade(held));
 }
 
 /// Opens a shard file, naming it on failure, and returns it with its length.

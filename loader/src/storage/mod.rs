@@ -23,7 +23,6 @@ use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 #[cfg(feature = "remote")]
 use bytes::Bytes;
@@ -178,8 +177,8 @@ pub(crate) fn url_of(path: &Path) -> &str {
 /// A shard or sample file, open for positioned reads.
 #[derive(Debug, Clone)]
 pub(crate) enum Blob {
-    /// A local file.
-    Local(Arc<File>),
+    /// A local file (closed and reopened past the open-files budget).
+    Local(local::LocalFile),
     /// An object in a store.
     Remote(remote::Object),
 }
@@ -192,20 +191,15 @@ impl Blob {
             let len = o.len();
             return Ok((Blob::Remote(o), len));
         }
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        Ok((Blob::Local(Arc::new(file)), len))
+        let (file, len) = local::LocalFile::open(path)?;
+        Ok((Blob::Local(file), len))
     }
 
     /// Fills `buf` from `offset` (`path` names the blob in errors) without
     /// a shared cursor, so workers read one shard concurrently.
     pub(crate) fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
         match self {
-            Blob::Local(file) => local::read_exact_at(file, path, offset, buf),
+            Blob::Local(file) => local::read_exact_at(&*file.file()?, path, offset, buf),
             Blob::Remote(o) => {
                 if let Some(read) = Sequential::read(o, path, offset, buf) {
                     return read;
@@ -402,10 +396,11 @@ impl Read for BlobReader {
         }
         let n = match &self.blob {
             Blob::Local(file) => {
+                let file = file.file().map_err(std::io::Error::other)?;
                 #[cfg(unix)]
-                let n = std::os::unix::fs::FileExt::read_at(&**file, buf, self.pos)?;
+                let n = std::os::unix::fs::FileExt::read_at(&*file, buf, self.pos)?;
                 #[cfg(windows)]
-                let n = std::os::windows::fs::FileExt::seek_read(&**file, buf, self.pos)?;
+                let n = std::os::windows::fs::FileExt::seek_read(&*file, buf, self.pos)?;
                 n
             }
             Blob::Remote(_) => {

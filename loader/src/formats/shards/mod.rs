@@ -179,52 +179,60 @@ mod tests {
         }
     }
 
-    /// More local shards than the usual soft limit on open files (1,024)
-    /// open, each holding its file: the soft limit is raised to the hard
-    /// one. In a child process (the limit is the process's), which sets
-    /// its soft limit to 1,024 first; skipped where the hard limit is no
-    /// higher than 1,600.
+    /// More local shards than the limit on open files open and read:
+    /// the soft limit is raised to the hard one, and past the budget the
+    /// least recently read shard files are closed and opened again when
+    /// read. In a child process (the limits are the process's) whose soft
+    /// and hard limits are both 1,024, 1,500 WebDataset shards open and
+    /// every sample reads, twice over; a shard replaced while
+    /// its file was closed is an error naming it.
     #[cfg(target_os = "linux")]
     #[test]
-    fn more_shards_than_the_soft_limit_on_open_files_open() {
+    fn more_shards_than_the_hard_limit_on_open_files_open_and_read() {
         const NAME: &str =
-            "formats::shards::tests::more_shards_than_the_soft_limit_on_open_files_open";
+            "formats::shards::tests::more_shards_than_the_hard_limit_on_open_files_open_and_read";
         const SHARDS: usize = 1_500;
-        // SAFETY: an rlimit is two integers: all zeros is a valid one.
-        let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: getrlimit writes one rlimit, on this stack frame.
-        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-        assert_eq!(got, 0);
-        if limit.rlim_max <= 1_600 {
-            eprintln!(
-                "skipped: the hard limit on open files is {}",
-                limit.rlim_max
-            );
-            return;
-        }
         if std::env::var_os("WICK_NOFILE_CHILD").is_some() {
-            limit.rlim_cur = 1_024;
+            let limit = libc::rlimit {
+                rlim_cur: 1_024,
+                rlim_max: 1_024,
+            };
             // SAFETY: setrlimit reads one rlimit, on this stack frame.
             assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+            use crate::contract::Source;
             use crate::write::{ShardSample, ShardWriter, WebDatasetWriter};
             let dir = tempfile::tempdir().unwrap();
+            let write = |path: &Path, byte: u8, label: u32| {
+                let mut w = WebDatasetWriter::create(path).unwrap();
+                let sample = ShardSample {
+                    key: "k",
+                    ext: "jpg",
+                    bytes: &[byte, 2, 3],
+                    label,
+                };
+                w.write(sample).unwrap();
+                w.finish().unwrap();
+            };
             let paths: Vec<PathBuf> = (0..SHARDS)
                 .map(|i| {
                     let path = dir.path().join(format!("s-{i:05}.tar"));
-                    let mut w = WebDatasetWriter::create(&path).unwrap();
-                    let sample = ShardSample {
-                        key: "k",
-                        ext: "jpg",
-                        bytes: &[1, 2, 3],
-                        label: (i % 7) as u32,
-                    };
-                    w.write(sample).unwrap();
-                    w.finish().unwrap();
+                    write(&path, 1, (i % 7) as u32);
                     path
                 })
                 .collect();
             let source = WebDataset::open(&paths).unwrap();
-            assert_eq!(crate::contract::Source::len(&source), SHARDS);
+            assert_eq!(source.len(), SHARDS);
+            for i in (0..SHARDS).chain(0..SHARDS) {
+                let r = source.read(i).unwrap();
+                assert_eq!((r.label, r.bytes[0]), ((i % 7) as u32, 1), "sample {i}");
+            }
+            // Shard 0 was read long ago: its file is closed. Replaced (a
+            // new file under its name), it is refused, never read.
+            let replaced = &paths[0];
+            std::fs::remove_file(replaced).unwrap();
+            write(replaced, 9, 0);
+            let e = source.read(0).unwrap_err().to_string();
+            assert!(e.contains("s-00000.tar") && e.contains("changed"), "{e}");
             return;
         }
         let out = std::process::Command::new(std::env::current_exe().unwrap())
