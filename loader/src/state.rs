@@ -33,6 +33,7 @@
 //! [`Loader::epoch_from`]: crate::Loader::epoch_from
 //! [`LoaderBuilder::resume`]: crate::LoaderBuilder::resume
 
+use crate::order::sampler::Before;
 use serde::{Deserialize, Serialize};
 
 /// The format version [`LoaderState::version`] this build writes and reads.
@@ -211,13 +212,13 @@ impl Position {
     /// before batch `k` (one entry more than the epoch has batches;
     /// `before[0]` is where the plan starts): the first batch of the next
     /// epoch once `batch` is past the last.
-    pub(crate) fn new(epoch: u64, batch: usize, before: &[u64]) -> Self {
+    pub(crate) fn new(epoch: u64, batch: usize, before: &Before) -> Self {
         match before.get(batch) {
-            Some(&samples) if batch + 1 < before.len() => Self {
+            Some(samples) if batch + 1 < before.len() => Self {
                 epoch,
                 batch,
                 samples,
-                from: before[0],
+                from: before.get(0).unwrap_or(0),
             },
             _ => Self {
                 epoch: epoch + 1,

@@ -87,11 +87,78 @@ pub(crate) struct Sampler {
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     /// Samples of the epoch, over all ranks, planned before each batch
-    /// index: one entry more than the batches. `before[0]` is where the
-    /// plan starts (0, or a resume point); random access: a prefix of the
+    /// index: one entry more than the batches. Entry 0 is where the plan
+    /// starts (0, or a resume point); random access: a prefix of the
     /// epoch's order.
-    pub(crate) before: Vec<u64>,
+    pub(crate) before: Before,
     batches: Batches,
+}
+
+/// The samples of all ranks planned before each batch index of an epoch,
+/// and one entry more for its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Before {
+    /// Listed (the streaming mode's).
+    Listed(Vec<u64>),
+    /// The random-access mode's, by arithmetic over its stretches.
+    Stretches(Stretches),
+}
+
+impl Before {
+    /// Entries: the batches and one more.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Before::Listed(v) => v.len(),
+            Before::Stretches(s) => s.count() + 1,
+        }
+    }
+
+    /// Entry `k`, `None` past the last.
+    pub(crate) fn get(&self, k: usize) -> Option<u64> {
+        match self {
+            Before::Listed(v) => v.get(k).copied(),
+            Before::Stretches(s) => (k <= s.count()).then(|| s.start(k)),
+        }
+    }
+
+    /// Every entry (tests).
+    #[cfg(test)]
+    pub(crate) fn to_vec(&self) -> Vec<u64> {
+        (0..self.len()).filter_map(|k| self.get(k)).collect()
+    }
+}
+
+/// How the samples of an epoch from `from` on are cut into stretches, one
+/// per batch index (each split across the ranks): `full` of `step`
+/// samples, then the `tail`'s (at most two). Nothing of the epoch's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stretches {
+    from: u64,
+    step: usize,
+    full: usize,
+    tail: Vec<usize>,
+}
+
+impl Stretches {
+    /// Stretches (batch indices).
+    pub(crate) fn count(&self) -> usize {
+        self.full + self.tail.len()
+    }
+
+    /// Samples of stretch `k`.
+    fn size(&self, k: usize) -> usize {
+        if k < self.full {
+            self.step
+        } else {
+            self.tail[k - self.full]
+        }
+    }
+
+    /// Samples before stretch `k` (`k` up to the count: the end).
+    fn start(&self, k: usize) -> u64 {
+        let tail: usize = self.tail[..k.saturating_sub(self.full)].iter().sum();
+        self.from + (self.step as u64) * k.min(self.full) as u64 + tail as u64
+    }
 }
 
 /// How a plan knows its batches' indices.
@@ -103,16 +170,25 @@ enum Batches {
         indices: Vec<usize>,
         ranges: Vec<std::ops::Range<usize>>,
     },
-    /// Computed when a batch is asked for: batch `k` is positions
-    /// `parts[k]` of the stretch that starts at `before[k]` (shuffled
-    /// within itself by `within`'s key when set), of the epoch's order.
+    /// Computed when a batch is asked for: batch `k` is rank `rank`'s
+    /// part of stretch `k` of `before` (shuffled within itself by
+    /// `within`'s key when set), of the epoch's order.
     Computed {
         order: std::sync::Arc<EpochOrder>,
         len: usize,
-        parts: Vec<std::ops::Range<usize>>,
+        /// `(rank, world_size)`.
+        rank: (usize, usize),
         /// `(seed, epoch)` of a source-ordered epoch's stretch shuffle.
         within: Option<(u64, u64)>,
     },
+}
+
+/// Rank `r` of `ws`'s part of a stretch of `n` samples: after the `r`
+/// parts before it, the first `n % ws` parts one larger.
+fn part(n: usize, (r, ws): (usize, usize)) -> std::ops::Range<usize> {
+    let (q, extra) = (n / ws, n % ws);
+    let start = r * q + r.min(extra);
+    start..start + q + usize::from(r < extra)
 }
 
 impl Plan {
@@ -123,8 +199,16 @@ impl Plan {
         before: Vec<u64>,
     ) -> Self {
         Self {
-            before,
+            before: Before::Listed(before),
             batches: Batches::Listed { indices, ranges },
+        }
+    }
+
+    /// Stretch `k`'s start and size (a computed plan's).
+    fn stretch(&self, k: usize) -> (usize, usize) {
+        match &self.before {
+            Before::Stretches(s) => (s.start(k) as usize, s.size(k)),
+            Before::Listed(v) => (v[k] as usize, (v[k + 1] - v[k]) as usize),
         }
     }
 
@@ -132,7 +216,7 @@ impl Plan {
     pub(crate) fn len(&self) -> usize {
         match &self.batches {
             Batches::Listed { ranges, .. } => ranges.len(),
-            Batches::Computed { parts, .. } => parts.len(),
+            Batches::Computed { .. } => self.before.len() - 1,
         }
     }
 
@@ -140,7 +224,7 @@ impl Plan {
     pub(crate) fn batch_len(&self, k: usize) -> usize {
         match &self.batches {
             Batches::Listed { ranges, .. } => ranges[k].len(),
-            Batches::Computed { parts, .. } => parts[k].len(),
+            Batches::Computed { rank, .. } => part(self.stretch(k).1, *rank).len(),
         }
     }
 
@@ -152,18 +236,16 @@ impl Plan {
             Batches::Computed {
                 order,
                 len,
-                parts,
+                rank,
                 within,
             } => {
-                let at = self.before[k] as usize;
+                let (at, n) = self.stretch(k);
                 // Keyed by where the stretch starts, which a resume on the
                 // same ranks plans alike.
                 let within = within.map(|(seed, epoch)| {
-                    let n = self.before[k + 1] - self.before[k];
-                    Permutation::new(n, seed, epoch, Purpose::Stretch, at as u64)
+                    Permutation::new(n as u64, seed, epoch, Purpose::Stretch, at as u64)
                 });
-                parts[k]
-                    .clone()
+                part(n, *rank)
                     .map(|j| {
                         let j = within.as_ref().map_or(j, |p| p.at(j as u64) as usize);
                         // Past the end: padding, the epoch's own first samples.
@@ -257,20 +339,26 @@ impl Sampler {
         Ok(s)
     }
 
-    /// The sizes of the stretches `n` samples are cut into, one per batch
-    /// index (each split across the ranks), or why the policy cannot give
-    /// every rank the same number of non-empty batches.
-    fn stretches(&self, n: usize) -> std::result::Result<Vec<usize>, String> {
+    /// The stretches `n` samples are cut into, one per batch index (each
+    /// split across the ranks), or why the policy cannot give every rank
+    /// the same number of non-empty batches.
+    fn stretches(&self, n: usize) -> std::result::Result<Stretches, String> {
         let (bs, ws) = (self.batch_size, self.world_size);
         let step = ws * bs;
         let full = n / step;
+        let cut = |full, tail| Stretches {
+            from: 0,
+            step,
+            full,
+            tail,
+        };
         match self.remainder {
             Remainder::Drop if full == 0 => Err(format!(
                 "with drop_last, {n} samples make no full batch of {bs} on each of {ws} ranks \
                  (an epoch of 0 batches): lower batch_size or keep the tail (Remainder::Split \
                  or Pad)"
             )),
-            Remainder::Drop => Ok(vec![step; full]),
+            Remainder::Drop => Ok(cut(full, Vec::new())),
             Remainder::Split | Remainder::Pad => {
                 // Padding to a multiple of the ranks leaves a tail of at least one per rank.
                 let n = match self.remainder {
@@ -278,24 +366,20 @@ impl Sampler {
                     _ => n,
                 };
                 let (full, tail) = (n / step, n % step);
-                let mut v = vec![step; full];
                 if tail == 0 || tail >= ws {
-                    v.extend((tail > 0).then_some(tail));
+                    Ok(cut(full, (tail > 0).then_some(tail).into_iter().collect()))
                 } else if full >= 1 && bs >= 2 {
                     // Too few left for one per rank: the last full step and
                     // the tail, as two stretches (each at least one per rank).
-                    v.pop();
                     let m = step + tail;
-                    v.push(m.div_ceil(2));
-                    v.push(m / 2);
+                    Ok(cut(full - 1, vec![m.div_ceil(2), m / 2]))
                 } else {
-                    return Err(format!(
+                    Err(format!(
                         "{n} samples cannot be split into {ws} shards with equal batch counts at \
                          batch size {bs} without repeating samples: set drop_last(true) or \
                          remainder(Remainder::Pad)"
-                    ));
+                    ))
                 }
-                Ok(v)
             }
         }
     }
@@ -318,7 +402,7 @@ impl Sampler {
 
     /// Batches this rank gets per whole epoch (the same for every epoch and rank).
     pub(crate) fn num_batches(&self) -> usize {
-        self.stretches(self.len).map_or(0, |v| v.len())
+        self.stretches(self.len).map_or(0, |s| s.count())
     }
 
     /// This sampler, taking each epoch's order from `source` when it
@@ -382,33 +466,27 @@ impl Sampler {
     /// order, which is `len` long): a batch's indices are computed when it
     /// is asked for ([`Plan::batch`]), at this rank's positions only.
     pub(crate) fn plan(&self, epoch: u64, from: u64) -> Plan {
-        let (ws, r) = (self.world_size, self.rank);
         let from = (from as usize).min(self.len);
-        let stretches = self.stretches(self.len - from).unwrap_or_default();
-        let mut parts = Vec::with_capacity(stretches.len());
-        let mut before = Vec::with_capacity(stretches.len() + 1);
-        let mut at = from;
-        before.push(at as u64);
-        for n in stretches {
-            // Rank `r`'s part of the stretch: after the `r` parts before
-            // it (the first `n % ws` one larger).
-            let (q, extra) = (n / ws, n % ws);
-            let start = r * q + r.min(extra);
-            parts.push(start..start + q + usize::from(r < extra));
-            at += n;
-            before.push(at as u64);
-        }
+        let mut stretches = self
+            .stretches(self.len - from)
+            .unwrap_or_else(|_| Stretches {
+                from: 0,
+                step: 1,
+                full: 0,
+                tail: Vec::new(),
+            });
+        stretches.from = from as u64;
         // With a seed, a source-ordered stretch is shuffled within itself.
         let within = match (&self.ordered_by, self.seed) {
             (Some(_), Some(seed)) => Some((seed, epoch)),
             _ => None,
         };
         Plan {
-            before,
+            before: Before::Stretches(stretches),
             batches: Batches::Computed {
                 order: std::sync::Arc::new(self.epoch_order(epoch)),
                 len: self.len,
-                parts,
+                rank: (self.rank, self.world_size),
                 within,
             },
         }
@@ -437,7 +515,8 @@ mod tests {
         for p in &plans {
             assert_eq!(p.len(), nb, "len {len} bs {bs} ws {ws} {rem:?}");
             assert_eq!(
-                p.before, plans[0].before,
+                p.before.to_vec(),
+                plans[0].before.to_vec(),
                 "every rank plans the same stretches"
             );
             for b in p.batch_indices() {
@@ -498,7 +577,7 @@ mod tests {
                         };
                         let whole = s.plan(3, 0);
                         let order = s.order(3);
-                        for (k, &at) in whole.before.iter().enumerate() {
+                        for (k, at) in whole.before.to_vec().into_iter().enumerate() {
                             let ctx = format!("len {len} bs {bs} ws {ws} {rem:?} batch {k}");
                             // Same world size: the suffix, for every rank.
                             for r in 0..ws {

@@ -404,7 +404,7 @@ mod tests {
             // Every rank plans the same samples-before table: the sum of
             // all ranks' batches before each index.
             assert_eq!(plans[0].before, plans[1].before);
-            for (b, &before) in plans[0].before.iter().enumerate() {
+            for (b, before) in plans[0].before.to_vec().into_iter().enumerate() {
                 let sum: usize = plans
                     .iter()
                     .map(|p| (0..b).map(|k| p.batch_len(k)).sum::<usize>())

@@ -158,7 +158,7 @@ pub struct Epoch<'a> {
     /// The next batch to deliver, and the samples planned before each
     /// batch ([`Position::new`]).
     pub(super) next: usize,
-    pub(super) before: Arc<[u64]>,
+    pub(super) before: Arc<crate::order::sampler::Before>,
     pub(super) rx: Option<Receiver<Result<Pending>>>,
     pub(super) cancel: Arc<AtomicBool>,
     pub(super) gen: u64,

@@ -52,7 +52,7 @@ impl Order {
         match self {
             Order::Stream(_) => Ok(at),
             Order::Sampled(s) => {
-                let same = s.plan(state.epoch, 0).before.get(state.batch) == Some(&state.samples);
+                let same = s.plan(state.epoch, 0).before.get(state.batch) == Some(state.samples);
                 if same {
                     return Ok(at);
                 }
@@ -266,7 +266,7 @@ impl Loader {
         self.resumed = None;
         let plan = self.order.plan(epoch, from);
         let total = plan.len();
-        let before: Arc<[u64]> = plan.before.clone().into();
+        let before = Arc::new(plan.before.clone());
         self.position = Position::new(epoch, start, &before);
         let cancel = Arc::new(AtomicBool::new(false));
         let stream = match &self.order {
