@@ -349,6 +349,19 @@ impl ObjectCache {
         if let Some((_, file)) = self.on_disk(key, Some(len)) {
             return Some(Ok(file));
         }
+        // Another process (a rank of this node) may have written it since
+        // this one listed the directory, or be writing it now: one process
+        // downloads an object, under its lock file, and the others wait
+        // for it and take its file. The lock is the kernel's (`flock`),
+        // released when its holder ends, so a rank that dies mid-download
+        // leaves none held.
+        if let Some(file) = self.adopt(key, len) {
+            return Some(Ok(file));
+        }
+        let _lock = self.lock_object(key);
+        if let Some(file) = self.adopt(key, len) {
+            return Some(Ok(file));
+        }
         let tmp = self.download_path(key, len)?;
         if let Err(e) = fetch(&tmp) {
             let _ = std::fs::remove_file(&tmp);
@@ -362,6 +375,60 @@ impl ObjectCache {
         });
         self.store_file(key, &tmp, len);
         Some(file)
+    }
+
+    /// The object's file if the directory holds it whole (written by
+    /// another process since this one listed it), taken into this
+    /// process's table.
+    fn adopt(&self, key: &str, len: u64) -> Option<File> {
+        let name = file_name(key);
+        let path = crate::sync::lock(self.disk.as_ref()?).dir.join(&name);
+        let file = File::open(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        if meta.len() != len {
+            return None;
+        }
+        let mut d = crate::sync::lock(self.disk.as_ref()?);
+        let now = now_ns();
+        let entry = OnDisk {
+            size: len,
+            used: now,
+            touched: ns(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
+        };
+        if let Some(old) = d.map.insert(name, entry) {
+            d.bytes -= old.size;
+        }
+        d.bytes += len;
+        Some(file)
+    }
+
+    /// Holds object `key`'s lock file in the directory (`<name>.lock`,
+    /// `flock` exclusive) until the guard drops; `None` where it cannot be
+    /// taken (no directory, no `flock`): each process then downloads its
+    /// own copy, as before.
+    fn lock_object(&self, key: &str) -> Option<File> {
+        let path = crate::sync::lock(self.disk.as_ref()?)
+            .dir
+            .join(format!("{}.lock", file_name(key)));
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .ok()?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock takes an open descriptor this function owns
+            // (`file`, alive until the guard drops) and an operation flag.
+            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
+            locked.then_some(file)
+        }
+        #[cfg(not(unix))]
+        {
+            drop(file);
+            None
+        }
     }
 
     /// Keeps a whole object read anyway (a sample file's GET).

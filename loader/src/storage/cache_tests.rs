@@ -184,3 +184,43 @@ fn a_file_deleted_by_another_process_is_fetched_again() {
     drop(c.file("short", 50, short).unwrap());
     assert!(c.whole("short", None).is_none());
 }
+
+/// The ranks of a node share a cache directory: each made its cache when
+/// the directory was empty, then all ask for one object at once. One
+/// downloads it (under the object's lock file); the others wait and take
+/// its file, whole, instead of each downloading its own copy. A rank that
+/// starts after the download finds the file in the directory (it was not
+/// there when it listed it).
+#[test]
+fn the_ranks_of_a_node_download_an_object_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fetched = std::sync::atomic::AtomicUsize::new(0);
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let ranks: Vec<ObjectCache> = (0..4)
+        .map(|_| cache(0, Some((dir.path(), 1 << 30))))
+        .collect();
+    let late = cache(0, Some((dir.path(), 1 << 30)));
+    let fetch = |tmp: &Path| {
+        fetched.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // Slow enough that the other ranks ask while it runs.
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(tmp, &data).map_err(|source| crate::error::Error::Io {
+            path: tmp.to_path_buf(),
+            source,
+        })
+    };
+    std::thread::scope(|s| {
+        for c in &ranks {
+            let (fetch, data) = (&fetch, &data);
+            s.spawn(move || {
+                let mut f = c.file("tokens.bin", 100_000, fetch).unwrap().unwrap();
+                let mut got = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+                assert!(got == *data, "the file is whole");
+            });
+        }
+    });
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
+    late.file("tokens.bin", 100_000, fetch).unwrap().unwrap();
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
