@@ -69,8 +69,8 @@ pub(super) fn feed(
         let plan = Arc::new(plan);
         if let (Some(ra), None) = (&shared.readahead, &stream) {
             // The rank's samples from `start`, in the order workers take them.
-            let order = (start..plan.len()).flat_map(|k| plan.batch(k));
-            ra.begin(gen, order.collect());
+            let (plan, end) = (plan.clone(), plan.len());
+            ra.begin(gen, Box::new((start..end).flat_map(move |k| plan.batch(k))));
         }
         let mut dispatched = 0;
         // The direct hand-over ([`super::direct`]) needs batches read at

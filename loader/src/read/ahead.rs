@@ -40,14 +40,17 @@ enum Slot {
     Done(Result<Record>, u32),
 }
 
+/// The sample indices an epoch takes, in order.
+pub(crate) type Upcoming = Box<dyn Iterator<Item = usize> + Send>;
+
 #[derive(Default)]
 struct Inner {
     /// The epoch generation the slots belong to.
     gen: u64,
-    /// The rank's sample indices of the epoch, in the order taken, and
-    /// how many of them reads were started for.
-    order: Vec<usize>,
-    cursor: usize,
+    /// The rank's sample indices of the epoch still to read, in the order
+    /// taken, computed as the reads reach them (a plan's batches: nothing
+    /// of the epoch's size); `None` before the first epoch.
+    order: Option<std::iter::Peekable<Upcoming>>,
     slots: HashMap<usize, Slot>,
     /// Samples a worker read itself before the cursor came to them: the
     /// cursor passes them (one each) instead of reading them again.
@@ -136,7 +139,7 @@ impl ReadAhead {
     /// [`begin`](Self::begin)).
     pub(crate) fn depth(&self) -> usize {
         let i = crate::sync::lock(&self.inner);
-        if i.order.is_empty() {
+        if i.order.is_none() {
             return 0;
         }
         depth_of(&i, self.batch, self.most)
@@ -149,11 +152,10 @@ impl ReadAhead {
 
     /// Starts epoch generation `gen`, whose samples are taken in `order`:
     /// what was read for an earlier one is dropped.
-    pub(crate) fn begin(self: &Arc<Self>, gen: u64, order: Vec<usize>) {
+    pub(crate) fn begin(self: &Arc<Self>, gen: u64, order: Upcoming) {
         let mut i = crate::sync::lock(&self.inner);
         i.gen = gen;
-        i.order = order;
-        i.cursor = 0;
+        i.order = Some(order.peekable());
         i.slots.clear();
         i.passed.clear();
         i.bytes = 0;
@@ -165,9 +167,10 @@ impl ReadAhead {
     /// Starts reads at the cursor until the depth is reached.
     fn top_up(self: &Arc<Self>, i: &mut Inner) {
         let depth = depth_of(i, self.batch, self.most);
-        while i.slots.len() < depth && i.cursor < i.order.len() {
-            let index = i.order[i.cursor];
-            i.cursor += 1;
+        while i.slots.len() < depth {
+            let Some(index) = i.order.as_mut().and_then(Iterator::next) else {
+                return;
+            };
             if let Some(n) = i.passed.get_mut(&index) {
                 *n -= 1;
                 if *n == 0 {
@@ -220,7 +223,7 @@ impl ReadAhead {
         loop {
             match i.slots.get(&index) {
                 None => {
-                    if !i.order[i.cursor..].is_empty() {
+                    if i.order.as_mut().is_some_and(|o| o.peek().is_some()) {
                         *i.passed.entry(index).or_default() += 1;
                     }
                     return None;
