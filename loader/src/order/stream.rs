@@ -271,11 +271,12 @@ impl StreamPlanner {
     /// records stops there; its surplus is read in other epochs, which deal
     /// the shards differently (reshuffled with a seed, rotated without).
     pub(crate) fn num_batches(&self, epoch: u64) -> usize {
-        self.rank_records(epoch)
-            .into_iter()
-            .map(|n| self.batches_of(n))
-            .min()
-            .unwrap_or(0)
+        self.fewest_batches(&self.rank_records(epoch))
+    }
+
+    /// The batches the rank dealt the fewest records (`dealt`, by rank) fills.
+    fn fewest_batches(&self, dealt: &[usize]) -> usize {
+        dealt.iter().map(|&n| self.batches_of(n)).min().unwrap_or(0)
     }
 
     /// Records dealt to each rank in `epoch`: one pass over the shard
@@ -309,7 +310,7 @@ impl StreamPlanner {
     /// The epoch's order and batches for this rank.
     pub(crate) fn plan(&self, epoch: u64) -> Plan {
         let dealt = self.rank_records(epoch);
-        let batches = dealt.iter().map(|&n| self.batches_of(n)).min().unwrap_or(0);
+        let batches = self.fewest_batches(&dealt);
         let indices: Vec<usize> = self
             .order_of(epoch, |s| {
                 let info = &self.shards[s];

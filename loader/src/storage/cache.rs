@@ -395,10 +395,7 @@ impl ObjectCache {
             used: now,
             touched: ns(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
         };
-        if let Some(old) = d.map.insert(name, entry) {
-            d.bytes -= old.size;
-        }
-        d.bytes += len;
+        d.put(name, entry);
         Some(file)
     }
 
@@ -502,10 +499,7 @@ impl ObjectCache {
                 used: now,
                 touched: now,
             };
-            if let Some(old) = d.map.insert(name, entry) {
-                d.bytes -= old.size;
-            }
-            d.bytes += len;
+            d.put(name, entry);
             d.written += len;
             if d.bytes <= self.config.disk {
                 return;
@@ -551,6 +545,15 @@ fn scan(dir: &Path) -> Option<Vec<(String, u64, u64)>> {
 }
 
 impl Disk {
+    /// Records file `name` in the table, its size counted once.
+    fn put(&mut self, name: String, entry: OnDisk) {
+        let size = entry.size;
+        if let Some(old) = self.map.insert(name, entry) {
+            self.bytes -= old.size;
+        }
+        self.bytes += size;
+    }
+
     /// Takes a listing of the directory ([`scan`]) as what it holds; a
     /// file's last use is the later of its time and this process's use.
     fn merge(&mut self, found: Option<Vec<(String, u64, u64)>>) {

@@ -144,7 +144,6 @@ impl TfRecord {
             let (file, len) = Blob::open(path)?;
             let (records, count, file) = if compression == Compression::None {
                 let idx = index_path(path);
-                let mut reader = file.reader(path, len);
                 let remote = crate::storage::is_url(path);
                 let has_index = if remote {
                     opts.read_index_files && Blob::open(&idx).is_ok()
@@ -154,6 +153,7 @@ impl TfRecord {
                 let records = if has_index {
                     read_index_file(&idx, (path, &file), len)?
                 } else {
+                    let mut reader = file.reader(path, len);
                     let records = scan(path, &mut reader, len, &opts.shard, &mut set)?;
                     if opts.write_index_files && !remote {
                         write_index_file(&idx, &records)?;
