@@ -139,6 +139,8 @@ mod book_doctests {
     struct Ranks;
     #[doc = include_str!("../../docs/src/guide/storage.md")]
     struct Storage;
+    #[doc = include_str!("../../docs/src/guide/scale.md")]
+    struct Scale;
     #[doc = include_str!("../../docs/src/guide/resume.md")]
     struct Resume;
     #[doc = include_str!("../../docs/src/guide/bad-data.md")]

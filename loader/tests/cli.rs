@@ -91,6 +91,77 @@ fn convert_writes_every_format_and_bench_reads_it() {
     }
 }
 
+/// `wick convert --format wds` indexes what it writes; a WebDataset
+/// without a manifest still opens, and says in one line how to index it;
+/// `wick index` writes the manifest and an index file per shard, after
+/// which opening reads no shard (and says nothing).
+#[test]
+fn index_writes_a_manifest_that_opening_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10u8 {
+        write_png(
+            &dir.path().join(format!("folder/c{}/{i}.png", i % 2)),
+            i * 20,
+        );
+    }
+    let dst = dir.path().join("wds");
+    succeed(
+        Command::new(env!("CARGO_BIN_EXE_wick"))
+            .arg("convert")
+            .arg(dir.path().join("folder"))
+            .arg(&dst)
+            .args(["--format", "wds", "--shard-size", "4"]),
+    );
+    let manifest = dst.join("wick-manifest.json");
+    assert!(manifest.exists() && dst.join("data-000002.tar.wickidx").exists());
+    std::fs::remove_file(&manifest).unwrap();
+    let bench = |dst: &std::path::Path| {
+        succeed(
+            Command::new(env!("CARGO_BIN_EXE_wick"))
+                .arg("bench")
+                .arg(dst)
+                .args([
+                    "--batch-size",
+                    "4",
+                    "--json",
+                    "--image-size",
+                    "8",
+                    "--epochs",
+                    "1",
+                ]),
+        )
+    };
+    let stderr = String::from_utf8_lossy(&bench(&dst).stderr).into_owned();
+    assert!(
+        stderr.contains("indexing 3 WebDataset shard(s)") && stderr.contains("wick index"),
+        "{stderr}"
+    );
+    let out = succeed(
+        Command::new(env!("CARGO_BIN_EXE_wick"))
+            .arg("index")
+            .arg(&dst),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("indexed 3 shards (10 samples"), "{stdout}");
+    assert!(manifest.exists());
+    let out = bench(&dst);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("wick index"), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["samples"], 10, "{r}");
+    // A folder of another kind is refused, naming what it holds.
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .arg("index")
+        .arg(dir.path().join("folder"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("image folder"),
+        "{stderr}"
+    );
+}
+
 /// `wick convert`, `wick inspect` and `wick bench` take URLs: shards
 /// uploaded to a `file://` URL (the object-store path `s3://` takes after
 /// its store; tests/remote_servers.rs writes to S3) are inspected and

@@ -188,13 +188,39 @@ pub fn python_fixture(script: &str, args: &[&str]) -> Option<String> {
     Some(String::from_utf8(out.stdout).expect("UTF-8 output"))
 }
 
+/// A WebDataset shard of samples `first..first + samples` as tar bytes:
+/// each a `.jpg` of `jpg_bytes` bytes plus 37 a sample (`i % 64`: sizes
+/// vary), a `.cls` (`i % 10`) and a `.txt` caption.
+pub fn wds_bytes(first: usize, samples: usize, jpg_bytes: usize) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for i in first..first + samples {
+        let jpg = jpg_bytes + (i % 64) * 37;
+        let members: [(&str, Vec<u8>); 3] = [
+            ("jpg", (0..jpg).map(|b| ((b + i) % 251) as u8).collect()),
+            ("cls", (i % 10).to_string().into_bytes()),
+            ("txt", format!("a caption for sample {i}").into_bytes()),
+        ];
+        for (ext, data) in members {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, format!("{i:09}.{ext}"), &data[..])
+                .unwrap();
+        }
+    }
+    tar.into_inner().unwrap()
+}
+
 /// A small HTTP/1.1 object server on 127.0.0.1 for the remote tests:
 /// `HEAD` and `GET` of its objects with their sizes and entity tags,
 /// ranged GETs (`Range: bytes=a-b` and `a-`), `If-Match` (412 when the
 /// object changed), bodies sent at most `rate` bytes a second (in 16 KiB
 /// writes), and a stall: once it has sent `stall_after` bytes of bodies
-/// in all, every body stops where it is (the connection stays open). Objects can be replaced while it runs. Each request is
-/// logged (method, path, authorization header seen).
+/// in all, every body stops where it is (the connection stays open).
+/// Objects can be replaced while it runs, by [`ObjectServer::put`] or a
+/// `PUT` request (whose body is kept in memory). Each request is logged
+/// (method, path, authorization header seen).
 #[derive(Debug)]
 pub struct ObjectServer {
     /// Its port.
@@ -205,6 +231,8 @@ pub struct ObjectServer {
 #[derive(Debug, Default)]
 struct ServerState {
     objects: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+    /// Folders served under a path prefix, read from disk per request.
+    folders: std::sync::Mutex<Vec<(String, std::path::PathBuf)>>,
     rate: std::sync::atomic::AtomicU64,
     stall_after: std::sync::atomic::AtomicU64,
     sent: std::sync::atomic::AtomicU64,
@@ -236,6 +264,22 @@ impl ObjectServer {
             .lock()
             .unwrap()
             .insert(path.to_string(), bytes);
+    }
+
+    /// Serves the files of folder `dir` (not its subfolders) as objects
+    /// under `prefix` (`/ds` serves `dir/x.tar` as `/ds/x.tar`), each read
+    /// from disk when asked for: the server holds none of them.
+    pub fn put_dir(&self, prefix: &str, dir: &Path) {
+        self.state.folders.lock().unwrap().push((
+            format!("{}/", prefix.trim_end_matches('/')),
+            dir.to_path_buf(),
+        ));
+    }
+
+    /// Object `path` as it is now, when it was put (by [`Self::put`] or a
+    /// `PUT` request).
+    pub fn get(&self, path: &str) -> Option<Vec<u8>> {
+        self.state.objects.lock().unwrap().get(path).cloned()
     }
 
     /// Bodies at most `bytes_per_sec` from now on.
@@ -310,7 +354,31 @@ fn serve(conn: std::net::TcpStream, st: &ServerState) {
             "{method} {path} auth={:?}",
             headers.get("authorization")
         ));
-        let object = st.objects.lock().unwrap().get(&path).cloned();
+        if method == "PUT" {
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
+                return;
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nETag: {}\r\n\r\n",
+                etag(&body)
+            );
+            st.objects.lock().unwrap().insert(path, body);
+            let _ = out.write_all(head.as_bytes());
+            continue;
+        }
+        let mut object = st.objects.lock().unwrap().get(&path).cloned();
+        if object.is_none() {
+            let folders = st.folders.lock().unwrap().clone();
+            object = folders.iter().find_map(|(prefix, dir)| {
+                let name = path.strip_prefix(prefix.as_str())?;
+                (!name.contains('/')).then(|| std::fs::read(dir.join(name)).ok())?
+            });
+        }
         let Some(object) = object else {
             let _ = out.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
             continue;

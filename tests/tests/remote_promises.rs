@@ -6,7 +6,8 @@
 //! refused and never printed; a prefix lists one level as a folder does;
 //! a file list read from a URL stays in its store; `wick convert` into an
 //! earlier conversion's folder is refused; read-ahead stops retrying when
-//! its loader is dropped. The servers are [`tests::ObjectServer`]s on
+//! its loader is dropped; a WebDataset with a manifest opens reading no
+//! shard, and a shard rewritten since is refused. The servers are [`tests::ObjectServer`]s on
 //! 127.0.0.1, started here.
 
 use candle_wick::source::{FileList, Source, TokenFile, TokenLayout, TokenType, WebDataset};
@@ -348,11 +349,18 @@ fn convert_into_an_earlier_conversion_is_refused_or_replaces_it() {
     // uploaded, rather than a smaller dataset that looks whole.
     let broken = candle_wick::source::ImageFolder::new(&folder).unwrap();
     std::fs::remove_file(broken.key(25)).unwrap();
-    for dst in [
-        dir.path().join("failed"),
-        url(dir.path()).join("failed-url"),
+    // A WebDataset's index files and manifest go too.
+    let wds = ConvertOptions {
+        format: ShardFormat::WebDataset,
+        ..opts.clone()
+    };
+    for (dst, opts) in [
+        (dir.path().join("failed"), &opts),
+        (url(dir.path()).join("failed-url"), &opts),
+        (dir.path().join("failed-wds"), &wds),
+        (url(dir.path()).join("failed-wds-url"), &wds),
     ] {
-        assert!(convert(&broken, &dst, &opts, &|_| {}).is_err());
+        assert!(convert(&broken, &dst, opts, &|_| {}).is_err());
         let local = dst
             .to_str()
             .unwrap()
@@ -415,29 +423,10 @@ fn read_ahead_stops_retrying_when_its_loader_is_dropped() {
     );
 }
 
-/// A WebDataset shard of `samples` samples (a ~60 KB `.jpg`, a `.cls`
-/// and a `.txt` each) as tar bytes.
-fn wds_bytes(samples: usize) -> Vec<u8> {
-    let mut tar = tar::Builder::new(Vec::new());
-    for i in 0..samples {
-        let members: [(&str, Vec<u8>); 3] = [
-            (
-                "jpg",
-                (0..60_000 + i * 37).map(|b| (b % 251) as u8).collect(),
-            ),
-            ("cls", (i % 10).to_string().into_bytes()),
-            ("txt", format!("a caption for sample {i}").into_bytes()),
-        ];
-        for (ext, data) in members {
-            let mut header = tar::Header::new_ustar();
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            header.set_cksum();
-            tar.append_data(&mut header, format!("{i:09}.{ext}"), &data[..])
-                .unwrap();
-        }
-    }
-    tar.into_inner().unwrap()
+/// A WebDataset shard of samples `first..first + samples` (a ~60 KB
+/// `.jpg`, a `.cls` and a `.txt` each) as tar bytes.
+fn wds_bytes(first: usize, samples: usize) -> Vec<u8> {
+    tests::wds_bytes(first, samples, 60_000)
 }
 
 /// Opening a remote WebDataset shard reads its headers through 1 to
@@ -449,7 +438,7 @@ fn wds_bytes(samples: usize) -> Vec<u8> {
 #[test]
 fn an_index_pass_reads_each_byte_of_a_shard_once() {
     let server = ObjectServer::start();
-    let shard = wds_bytes(400);
+    let shard = wds_bytes(0, 400);
     let size = shard.len() as u64;
     assert!(size > 20 << 20, "several windows: {size}");
     server.put("/wds/shard-0.tar", shard);
@@ -507,4 +496,126 @@ fn a_tfrecord_shard_with_an_index_opens_without_reading_the_shard() {
     for i in [0, 117, 239] {
         assert_eq!(tf.read(i).unwrap().bytes, local.read(i).unwrap().bytes);
     }
+}
+
+/// A WebDataset indexed once (`wick index`, here over HTTP: it reads the
+/// shards and PUTs their index files and the manifest) opens over HTTP
+/// reading its manifest alone, not one shard byte; a read of a sample
+/// loads its shard's index (one small object) and reads the sample (the
+/// shard's size and version come from the manifest: no HEAD), and
+/// nothing of the other shards. Samples, labels and keys are those the
+/// tar headers give. A shard rewritten since is an error naming it and
+/// saying to index again, never a read at the old offsets.
+#[test]
+fn a_webdataset_with_a_manifest_opens_without_reading_a_shard() {
+    use candle_wick::source::WebDatasetOptions;
+    const SHARDS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjectServer::start();
+    let names: Vec<String> = (0..SHARDS).map(|k| format!("s-{k:04}.tar")).collect();
+    let mut shard_bytes = 0;
+    for (k, name) in names.iter().enumerate() {
+        let bytes = wds_bytes(k * 30, 30);
+        shard_bytes += bytes.len() as u64;
+        std::fs::write(dir.path().join(name), &bytes).unwrap();
+        server.put(&format!("/ds/{name}"), bytes);
+    }
+    let pattern = server.url("/ds/s-{0000..0007}.tar");
+    let done = within(60, move || {
+        candle_wick::write::index(Path::new(&pattern), &WebDatasetOptions::default())
+    })
+    .unwrap();
+    assert_eq!((done.shards, done.records), (SHARDS, 240));
+    let manifest = server.get("/ds/wick-manifest.json").unwrap().len() as u64;
+    let indexed = server.log().len();
+    let sent = server.bytes_sent();
+    let urls: Vec<String> = names
+        .iter()
+        .map(|n| server.url(&format!("/ds/{n}")))
+        .collect();
+    let wds = within(60, move || WebDataset::open(urls)).unwrap();
+    assert_eq!(wds.len(), 240);
+    let opened = server.bytes_sent() - sent;
+    let log = server.log()[indexed..].to_vec();
+    assert!(
+        opened <= manifest && opened * 100 < shard_bytes,
+        "opening sent {opened} bytes: the manifest is {manifest}, the shards {shard_bytes}"
+    );
+    assert_eq!(log, ["GET /ds/wick-manifest.json auth=None"]);
+
+    // Sample 5 of shard 5: its shard's index and its image, nothing else.
+    let index5 = server.get("/ds/s-0005.tar.wickidx").unwrap().len() as u64;
+    let (sent, seen) = (server.bytes_sent(), server.log().len());
+    let r = wds.read(155).unwrap();
+    let read = server.bytes_sent() - sent;
+    assert!(
+        read <= index5 + r.bytes.len() as u64,
+        "a sample of {} bytes sent {read} (its shard's index is {index5})",
+        r.bytes.len()
+    );
+    let log = server.log()[seen..].to_vec();
+    assert_eq!(
+        log,
+        [
+            "GET /ds/s-0005.tar.wickidx auth=None",
+            "GET /ds/s-0005.tar auth=None"
+        ]
+    );
+
+    // The same samples as the tar headers give, read locally without a
+    // manifest.
+    let local: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+    let scanned = WebDataset::open(&local).unwrap();
+    for i in [0, 29, 30, 155, 239] {
+        let (a, b) = (wds.read(i).unwrap(), scanned.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "sample {i}");
+        let tail = |k: &str| k.rsplit(':').next().unwrap().to_string();
+        assert_eq!(tail(&a.key), tail(&b.key), "sample {i}");
+        assert_eq!(tail(&a.key), format!("{i:09}"));
+    }
+
+    // Shard 6, not read yet, rewritten (one sample fewer) after the
+    // manifest: refused when it is first read.
+    server.put("/ds/s-0006.tar", wds_bytes(180, 29));
+    let e = wds.read(185).unwrap_err();
+    let chain = error_chain(&e);
+    assert!(
+        chain.contains("s-0006.tar") && chain.contains("wick index"),
+        "{chain}"
+    );
+}
+
+/// Indexed through a `file://` URL, the manifest records each shard's
+/// object version, and opening asks for that version (no request until a
+/// shard is read); a shard rewritten with the same size but other bytes
+/// after it is refused when it is first read (its version differs),
+/// never read at the index's offsets.
+#[test]
+fn a_shard_rewritten_after_indexing_is_refused_by_its_version() {
+    use candle_wick::source::WebDatasetOptions;
+    let dir = tempfile::tempdir().unwrap();
+    for k in 0..2 {
+        std::fs::write(dir.path().join(format!("s-{k}.tar")), wds_bytes(k * 5, 5)).unwrap();
+    }
+    let root = url(dir.path());
+    let done = candle_wick::write::index(&root, &WebDatasetOptions::default()).unwrap();
+    assert_eq!(done.records, 10);
+    let text = std::fs::read_to_string(dir.path().join("wick-manifest.json")).unwrap();
+    assert!(text.contains("\"version\": \""), "{text}");
+    let shards: Vec<PathBuf> = (0..2)
+        .map(|k| PathBuf::from(format!("{}/s-{k}.tar", root.display())))
+        .collect();
+    let wds = WebDataset::open(&shards).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    rewrite_same_size(&dir.path().join("s-1.tar"));
+    assert_eq!(
+        wds.read(0).unwrap().key.rsplit(':').next(),
+        Some("000000000")
+    );
+    let e = wds.read(7).unwrap_err();
+    let chain = error_chain(&e);
+    assert!(
+        chain.contains("s-1.tar") && chain.contains("changed") && chain.contains("wick index"),
+        "{chain}"
+    );
 }

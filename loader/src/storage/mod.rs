@@ -195,6 +195,28 @@ impl Blob {
         Ok((Blob::Local(file), len))
     }
 
+    /// Opens `path` as a manifest lists it: an object with an entity tag
+    /// is opened with no request (`size` bytes, its reads pinned to the
+    /// tag, so a rewrite since is refused on the first read); anything
+    /// else as [`Blob::open`] does. Returns it with its size.
+    pub(crate) fn open_listed(path: &Path, size: u64, e_tag: Option<&str>) -> Result<(Self, u64)> {
+        match e_tag {
+            Some(tag) if is_url(path) => Ok((
+                Blob::Remote(remote::Object::open_listed(url_of(path), size, tag)?),
+                size,
+            )),
+            _ => Self::open(path),
+        }
+    }
+
+    /// The object's entity tag, for a remote blob whose store gives one.
+    pub(crate) fn version(&self) -> Option<String> {
+        match self {
+            Blob::Local(_) => None,
+            Blob::Remote(o) => o.version(),
+        }
+    }
+
     /// Fills `buf` from `offset` (`path` names the blob in errors) without
     /// a shared cursor, so workers read one shard concurrently.
     pub(crate) fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -456,6 +478,42 @@ pub(crate) fn read_whole(path: &Path, bytes: Vec<u8>, max: u64) -> Result<Vec<u8
         });
     }
     Ok(bytes)
+}
+
+/// Checks that the URL `url` names an object this build can read, sending
+/// nothing: an error naming it (credentials redacted) otherwise.
+pub(crate) fn check_url(url: &Path) -> Result<()> {
+    remote::check(url_of(url))
+}
+
+/// The file or object at `path` whole, read past the remote cache, or
+/// `None` when there is none; over `max` bytes is an error naming it.
+pub(crate) fn read_if_exists(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
+    let too_big = |len: u64| Error::Dataset {
+        path: path.to_path_buf(),
+        reason: format!("is {len} bytes, over the {max}-byte limit"),
+        source: None,
+    };
+    if is_url(path) {
+        return match remote::get_if_exists(url_of(path), max)? {
+            None => Ok(None),
+            Some(Ok(bytes)) => Ok(Some(bytes.to_vec())),
+            Some(Err(len)) => Err(too_big(len)),
+        };
+    }
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    if len > max {
+        return Err(too_big(len));
+    }
+    std::fs::read(path).map(Some).map_err(io)
 }
 
 /// The object at `url` whole, as an open local file (for a format read as

@@ -35,6 +35,10 @@ impl Object {
         Err(missing(url))
     }
 
+    pub(crate) fn open_listed(url: &str, _size: u64, _e_tag: &str) -> Result<Self> {
+        Err(missing(url))
+    }
+
     pub(crate) fn len(&self) -> u64 {
         match self.never {}
     }
@@ -46,6 +50,21 @@ impl Object {
     pub(crate) fn start_range(&self, _range: std::ops::Range<u64>) -> Pending {
         match self.never {}
     }
+
+    pub(crate) fn version(&self) -> Option<String> {
+        match self.never {}
+    }
+}
+
+pub(crate) fn check(url: &str) -> Result<()> {
+    Err(missing(url))
+}
+
+pub(crate) fn get_if_exists(
+    url: &str,
+    _max: u64,
+) -> Result<Option<std::result::Result<Vec<u8>, u64>>> {
+    Err(missing(url))
 }
 
 pub(crate) fn get_whole(url: &str, _max: u64) -> Result<std::result::Result<Vec<u8>, u64>> {

@@ -133,15 +133,37 @@ pub fn convert(
         source,
     })?;
     let mut written: Vec<PathBuf> = Vec::new();
+    // A WebDataset's shards are indexed as they are written (each index
+    // file goes where its shard goes), and its manifest written last.
+    let indexing = opts.format == ShardFormat::WebDataset;
+    let wds = crate::source::WebDatasetOptions::default();
+    let mut listed = Vec::new();
+    let companions = |p: &Path| {
+        [
+            crate::formats::shards::tfrecord::index_path(p),
+            crate::formats::shards::webdataset::sidecar_path(p),
+        ]
+    };
     if !remote {
         let done = convert_into(source, &local, opts, progress, &mut |p| {
             written.push(p.to_path_buf());
+            if indexing {
+                listed.push(super::index::index_one(p, &wds)?);
+            }
             Ok(p.to_path_buf())
+        });
+        let done = done.and_then(|paths| {
+            if indexing {
+                super::index::write_manifest(&local, &wds, std::mem::take(&mut listed))?;
+            }
+            Ok(paths)
         });
         if done.is_err() {
             for p in &written {
                 let _ = std::fs::remove_file(p);
-                let _ = std::fs::remove_file(crate::formats::shards::tfrecord::index_path(p));
+                companions(p)
+                    .iter()
+                    .for_each(|c| drop(std::fs::remove_file(c)));
             }
         }
         return done;
@@ -150,15 +172,20 @@ pub fn convert(
         .trim_end_matches('/')
         .to_string();
     let mut up = |shard: &Path| -> Result<PathBuf> {
-        // A TFRecord index (`.idx`) beside its shard goes up too.
-        let idx = crate::formats::shards::tfrecord::index_path(shard);
+        // The index beside its shard goes up too: a TFRecord's `.idx`,
+        // a WebDataset's `.wickidx` (made here, from the local file).
+        let mut entry = match indexing {
+            true => Some(super::index::index_one(shard, &wds)?),
+            false => None,
+        };
         // Named by the path under the folder (a Parquet shard is in data/).
         let name = |file: &Path| {
             let rel = file.strip_prefix(&local).unwrap_or(file);
             let parts: Vec<_> = rel.iter().map(|p| p.to_string_lossy()).collect();
             parts.join("/")
         };
-        for file in [shard, &idx] {
+        let [idx, sidecar] = companions(shard);
+        for file in [shard, &idx, &sidecar] {
             if file.exists() {
                 let url = PathBuf::from(format!("{base}/{}", name(file)));
                 crate::storage::upload(file, &url)?;
@@ -166,9 +193,22 @@ pub fn convert(
                 let _ = std::fs::remove_file(file);
             }
         }
-        Ok(PathBuf::from(format!("{base}/{}", name(shard))))
+        let url = PathBuf::from(format!("{base}/{}", name(shard)));
+        if let Some(mut entry) = entry.take() {
+            // The uploaded object's version (one HEAD), which opening
+            // checks.
+            entry.version = crate::storage::Blob::open(&url)?.0.version();
+            listed.push(entry);
+        }
+        Ok(url)
     };
-    let uploaded = convert_into(source, &local, opts, progress, &mut up);
+    let uploaded = convert_into(source, &local, opts, progress, &mut up).and_then(|paths| {
+        if indexing {
+            let manifest = super::index::write_manifest(dst, &wds, std::mem::take(&mut listed))?;
+            written.push(manifest.manifest);
+        }
+        Ok(paths)
+    });
     let _ = std::fs::remove_dir_all(&local);
     if uploaded.is_err() {
         for url in &written {
@@ -194,18 +234,20 @@ impl ShardFormat {
 }
 
 /// Whether `name` is a file a conversion writes: a shard of a format it
-/// writes (any of its endings), or the file beside one (a TFRecord index).
+/// writes (any of its endings), the file beside one (a TFRecord index, a
+/// WebDataset shard's), or a WebDataset's manifest.
 fn is_shard(name: &str) -> bool {
-    [
-        DatasetKind::TfRecord,
-        DatasetKind::WebDataset,
-        DatasetKind::Safetensors,
-        DatasetKind::Parquet,
-    ]
-    .iter()
-    .map(|&k| format(k))
-    .flat_map(|f| f.suffixes.iter().chain(f.companions))
-    .any(|s| name.ends_with(s))
+    name.ends_with(crate::formats::shards::manifest::MANIFEST_NAME)
+        || [
+            DatasetKind::TfRecord,
+            DatasetKind::WebDataset,
+            DatasetKind::Safetensors,
+            DatasetKind::Parquet,
+        ]
+        .iter()
+        .map(|&k| format(k))
+        .flat_map(|f| f.suffixes.iter().chain(f.companions))
+        .any(|s| name.ends_with(s))
 }
 
 /// Refuses a destination that holds shard files (directly, or in its

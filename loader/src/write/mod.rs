@@ -1,7 +1,8 @@
 //! Writing shards: one [`ShardWriter`] shape for every format (TFRecord,
 //! WebDataset tar, safetensors, Parquet in the Hugging Face Hub's layout),
-//! and [`convert`], which writes any source as shards (what `wick convert`
-//! runs).
+//! [`convert`], which writes any source as shards (what `wick convert`
+//! runs), and [`index`], which writes a WebDataset's manifest and per-shard
+//! indexes (what `wick index` runs).
 //!
 //! ```no_run
 //! use candle_wick::write::{ShardSample, ShardWriter, TfRecordWriter};
@@ -14,6 +15,7 @@
 //! ```
 
 mod convert;
+mod index;
 #[cfg(feature = "parquet")]
 mod parquet;
 mod safetensors;
@@ -24,6 +26,7 @@ mod webdataset;
 pub use self::parquet::ParquetWriter;
 pub use self::safetensors::SafetensorsWriter;
 pub use convert::{convert, ConvertOptions, ShardFormat};
+pub use index::{index, Indexed};
 pub use tfrecord::TfRecordWriter;
 pub use webdataset::WebDatasetWriter;
 

@@ -3,7 +3,9 @@
 //! `wick bench DATA` runs the loader over a dataset with no model attached
 //! and reports its throughput, per-stage times and peak memory.
 //! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
-//! safetensors shards. `wick inspect DATA` decodes every sample and lists
+//! safetensors shards. `wick index DATA` writes a WebDataset's manifest
+//! and per-shard indexes, so that opening it reads no shard.
+//! `wick inspect DATA` decodes every sample and lists
 //! formats, modes, sizes and every bad file with its reason (exit code 1
 //! when any is bad).
 //!
@@ -13,6 +15,7 @@
 
 mod bench;
 mod convert;
+mod index;
 mod inspect;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +38,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
     Convert(convert::ConvertArgs),
+    /// Write a WebDataset's manifest and per-shard indexes beside its
+    /// shards, so that opening it reads no shard.
+    Index(index::IndexArgs),
     /// Decode every sample; list formats, modes, sizes and bad files.
     Inspect(inspect::InspectArgs),
 }
@@ -50,6 +56,12 @@ fn main() -> ExitCode {
         Command::Bench(args) => args,
         Command::Convert(args) => {
             return match convert::run_convert(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => report_error(e.as_ref()),
+            }
+        }
+        Command::Index(args) => {
+            return match index::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => report_error(e.as_ref()),
             }

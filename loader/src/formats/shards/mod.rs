@@ -1,9 +1,11 @@
 //! What the sharded sources (TFRecord, WebDataset tar, safetensors) share:
 //! the shard table, positioned reads and the damage report.
 
+pub(crate) mod manifest;
 pub(crate) mod safetensors;
 pub(crate) mod tfrecord;
 pub(crate) mod webdataset;
+pub(crate) mod webdataset_index;
 
 pub use safetensors::SafetensorsShards;
 pub use tfrecord::{Compression, TfRecord, TfRecordOptions};

@@ -2,6 +2,8 @@
 //! the first dot of the file name: `0001.jpg` + `0001.cls`) and follow one
 //! another in the archive.
 
+use super::manifest::{self, IndexedWith, Listed};
+use super::webdataset_index::{Member, ShardIndex, SIDECAR_SUFFIX};
 use super::{ShardOptions, ShardSet};
 use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
@@ -11,6 +13,7 @@ use crate::formats::{DatasetKind, Format};
 use crate::storage::Blob;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 /// Largest label file read (`.cls`, `.json`).
 const MAX_LABEL_BYTES: u64 = 64 << 10;
@@ -48,33 +51,11 @@ impl Default for WebDatasetOptions {
     }
 }
 
-#[derive(Debug)]
-struct Sample {
-    key: String,
-    offset: u64,
-    len: u64,
-    label: u32,
-    /// Its members, a range of the shard's [`Members`].
-    members: std::ops::Range<u32>,
-}
-
-/// One member of a sample: the extension (an index into the dataset's
-/// table of extensions), where its bytes are and how many.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    ext: u32,
-    offset: u64,
-    len: u64,
-}
-
-/// The members of one shard's samples, in order, and the extensions seen.
-#[derive(Debug, Default)]
-struct Members {
-    members: Vec<Member>,
-}
-
 /// A dataset of WebDataset tar shards, read at random through an index of
-/// the tar headers built when it is opened.
+/// each shard's tar headers: made when the dataset is opened, or, for a
+/// shard that a manifest beside it lists (`wick index` writes one), read
+/// from the shard's index file when the shard is first read, so opening
+/// reads no shard at all.
 ///
 /// ```no_run
 /// use candle_wick::source::WebDataset;
@@ -86,14 +67,36 @@ struct Members {
 /// ```
 #[derive(Debug)]
 pub struct WebDataset {
-    files: Vec<(PathBuf, Blob)>,
-    /// Samples of each shard.
-    samples: Vec<Vec<Sample>>,
-    /// Members of each shard's samples.
-    members: Vec<Members>,
-    /// Every member extension seen (lower case), by index.
-    exts: Vec<String>,
+    shards: Vec<Shard>,
     set: ShardSet,
+}
+
+/// One shard of a [`WebDataset`].
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    /// Its file and index: set at open when the shard was indexed then,
+    /// else on its first read, from what its manifest lists.
+    opened: OnceLock<Opened>,
+    /// Held while the shard's index is loaded, so it is loaded once.
+    loading: Mutex<()>,
+    /// The manifest that lists the shard, and what it says of it.
+    listed: Option<(PathBuf, Listed)>,
+}
+
+/// A shard's file and index.
+#[derive(Debug)]
+struct Opened {
+    blob: Blob,
+    index: ShardIndex,
+}
+
+/// A shard indexed by reading its tar headers.
+pub(crate) struct Scanned {
+    pub(crate) blob: Blob,
+    pub(crate) len: u64,
+    pub(crate) index: ShardIndex,
+    pub(crate) damage: Vec<Damage>,
 }
 
 /// The WebDataset split of a member path: `(key, extension)`, the key being
@@ -121,54 +124,169 @@ impl WebDataset {
         Self::open_with(paths, WebDatasetOptions::default())
     }
 
-    /// Opens shards (in the order given) and indexes their samples.
+    /// Opens shards (in the order given). A shard that a manifest in its
+    /// folder lists (made by `wick index` or `wick convert` with the same
+    /// options) is not read until a sample of it is; the others are
+    /// indexed now, by reading their tar headers (each local shard on a
+    /// core of its own, 16 remote ones at once), and a line on standard
+    /// error says how to index them once instead.
     pub fn open_with(
         paths: impl IntoIterator<Item = impl AsRef<Path>>,
         opts: WebDatasetOptions,
     ) -> Result<Self> {
-        let mut set = ShardSet::default();
-        let (mut files, mut samples, mut members) = (Vec::new(), Vec::new(), Vec::new());
-        let mut exts: Vec<String> = Vec::new();
         let paths = super::owned(paths);
-        // Each shard indexed on its own (at once when remote), with its own
-        // extensions and damage, merged in order below.
-        let opened = super::open_each(&paths, |path| {
-            let (file, len) = Blob::open(path)?;
-            let (mut m, mut own_exts, mut own) =
-                (Members::default(), Vec::new(), ShardSet::default());
-            let reader = file.reader(path, len);
-            let shard = index_shard(path, reader, len, &opts, &mut own, (&mut m, &mut own_exts))?;
-            Ok((file, shard, m, own_exts, own.damage))
-        });
-        for (path, opened) in paths.iter().zip(opened) {
-            let (file, shard, mut m, own_exts, damage) = opened?;
-            let ids: Vec<u32> = own_exts
-                .into_iter()
-                .map(|e| match exts.iter().position(|x| *x == e) {
-                    Some(i) => i as u32,
-                    None => {
-                        exts.push(e);
-                        exts.len() as u32 - 1
-                    }
-                })
-                .collect();
-            for member in &mut m.members {
-                member.ext = ids[member.ext as usize];
-            }
-            set.damage.extend(damage);
-            set.push(path, shard.len());
-            samples.push(shard);
-            members.push(m);
-            files.push((path.clone(), file));
+        let listed = manifest::lookup(&paths, MANIFEST_FORMAT, &indexed_with(&opts))?;
+        let unlisted: Vec<PathBuf> = paths
+            .iter()
+            .zip(&listed)
+            .filter(|(_, l)| l.is_none())
+            .map(|(p, _)| p.clone())
+            .collect();
+        if !unlisted.is_empty() {
+            hint(&unlisted);
         }
-        Ok(Self {
-            files,
-            samples,
-            members,
-            exts,
-            set,
-        })
+        let mut scanned = super::open_each(&unlisted, |path| scan(path, &opts)).into_iter();
+        let mut set = ShardSet::default();
+        let mut shards = Vec::with_capacity(paths.len());
+        for (path, listed) in paths.into_iter().zip(listed) {
+            let opened = OnceLock::new();
+            let records = match &listed {
+                Some((_, l)) => {
+                    for (offset, reason) in &l.damage {
+                        set.damaged(&opts.shard, &path, *offset, reason.clone())?;
+                    }
+                    l.records as usize
+                }
+                None => {
+                    let s = scanned
+                        .next()
+                        .expect("one scan a shard no manifest lists")?;
+                    set.damage.extend(s.damage);
+                    let records = s.index.len();
+                    let _ = opened.set(Opened {
+                        blob: s.blob,
+                        index: s.index,
+                    });
+                    records
+                }
+            };
+            set.push(&path, records);
+            shards.push(Shard {
+                path,
+                opened,
+                loading: Mutex::new(()),
+                listed,
+            });
+        }
+        Ok(Self { shards, set })
     }
+
+    /// Shard `s`'s file and index, loaded from its manifest's listing on
+    /// its first read.
+    fn opened(&self, s: usize) -> Result<&Opened> {
+        let shard = &self.shards[s];
+        if let Some(o) = shard.opened.get() {
+            return Ok(o);
+        }
+        let _one = crate::sync::lock(&shard.loading);
+        if let Some(o) = shard.opened.get() {
+            return Ok(o);
+        }
+        let (manifest, listed) = shard
+            .listed
+            .as_ref()
+            .expect("a shard not indexed at open is listed");
+        let o = load_listed(&shard.path, manifest, listed)?;
+        Ok(shard.opened.get_or_init(|| o))
+    }
+}
+
+/// The manifest's name for the format.
+pub(crate) const MANIFEST_FORMAT: &str = "webdataset";
+
+/// What a manifest records of the options a shard was indexed with.
+pub(crate) fn indexed_with(opts: &WebDatasetOptions) -> IndexedWith {
+    IndexedWith {
+        image_exts: opts.image_exts.clone(),
+        label_ext: opts.label_ext.clone(),
+        json_label_field: opts.json_label_field.clone(),
+    }
+}
+
+/// The path of shard `path`'s index file.
+pub(crate) fn sidecar_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(SIDECAR_SUFFIX);
+    PathBuf::from(p)
+}
+
+/// Indexes shard `path` by reading its tar headers.
+pub(crate) fn scan(path: &Path, opts: &WebDatasetOptions) -> Result<Scanned> {
+    let (blob, len) = Blob::open(path)?;
+    let mut own = ShardSet::default();
+    let index = index_shard(path, blob.reader(path, len), len, opts, &mut own)?;
+    Ok(Scanned {
+        blob,
+        len,
+        index,
+        damage: own.damage,
+    })
+}
+
+/// Says once a process, on standard error, how to open `paths` (shards
+/// being indexed by reading them) without reading them.
+fn hint(paths: &[PathBuf]) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let dir = manifest::split(&paths[0]).0;
+    eprintln!(
+        "wick: indexing {} WebDataset shard(s) by reading their tar headers; `wick index {}` \
+         writes a manifest and per-shard indexes once, and opening then reads no shard",
+        paths.len(),
+        crate::error::redact(&dir.to_string_lossy())
+    );
+}
+
+/// Shard `path`'s file and index from what `manifest` lists of it: the
+/// shard must have the size (and version) it had when it was indexed,
+/// and its index file the size and checksum the manifest gives. An object
+/// with a version is opened with no request, its reads asking for that
+/// version (a rewritten one is refused by its store on the first read).
+fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> {
+    let (blob, len) = Blob::open_listed(path, listed.size, listed.version.as_deref())?;
+    let again = format!(
+        "it changed since {} was written: run `wick index` on its folder again",
+        crate::error::redact(&manifest.to_string_lossy())
+    );
+    if len != listed.size {
+        let what = format!("the shard is {len} bytes, not {}: {again}", listed.size);
+        return Err(shard_error(path, 0, what));
+    }
+    if let (Some(was), Some(now)) = (&listed.version, blob.version()) {
+        if *was != now {
+            let what = format!("the shard's version is {now}, not {was}: {again}");
+            return Err(shard_error(path, 0, what));
+        }
+    }
+    let sidecar = sidecar_path(path);
+    let bytes = crate::storage::read_whole(&sidecar, Vec::new(), listed.index_bytes)?;
+    if bytes.len() as u64 != listed.index_bytes || ShardIndex::checksum(&bytes) != listed.index_crc
+    {
+        let what = format!("the shard's index is not the one the manifest lists: {again}");
+        return Err(shard_error(&sidecar, 0, what));
+    }
+    let index = ShardIndex::from_bytes(&bytes, len).map_err(|c| shard_error(&sidecar, 0, c))?;
+    if index.len() as u64 != listed.records {
+        let what = format!(
+            "the index holds {} samples, not the {} the manifest lists: {again}",
+            index.len(),
+            listed.records
+        );
+        return Err(shard_error(&sidecar, 0, what));
+    }
+    Ok(Opened { blob, index })
 }
 
 /// Reads the tar headers of one shard and groups its members into samples.
@@ -178,9 +296,8 @@ fn index_shard<R: Read + std::io::Seek>(
     file_len: u64,
     opts: &WebDatasetOptions,
     set: &mut ShardSet,
-    (members, exts): (&mut Members, &mut Vec<String>),
-) -> Result<Vec<Sample>> {
-    let mut out = Vec::new();
+) -> Result<ShardIndex> {
+    let mut out = ShardIndex::default();
     let mut archive = tar::Archive::new(file);
     let mut next_header = 0u64;
     let mut pending: Option<Pending> = None;
@@ -296,7 +413,7 @@ fn index_shard<R: Read + std::io::Seek>(
         let ext = ext.to_ascii_lowercase();
         if pending.as_ref().is_none_or(|p| p.key != key) {
             if let Some(done) = pending.take() {
-                out.push(finish(path, done, opts, members)?);
+                finish(path, done, opts, &mut out)?;
             }
             pending = Some(Pending {
                 key: key.to_string(),
@@ -306,15 +423,8 @@ fn index_shard<R: Read + std::io::Seek>(
         }
         let p = pending.as_mut().expect("set above");
         if size <= MAX_IMAGE_BYTES {
-            let ext_id = match exts.iter().position(|e| *e == ext) {
-                Some(i) => i,
-                None => {
-                    exts.push(ext.clone());
-                    exts.len() - 1
-                }
-            };
             p.members.push(Member {
-                ext: ext_id as u32,
+                ext: out.ext_id(&ext),
                 offset: start,
                 len: size,
             });
@@ -356,10 +466,10 @@ fn index_shard<R: Read + std::io::Seek>(
         if let Some(p) =
             pending.filter(|p| p.image.is_some() && (p.label.is_some() || opts.label_ext.is_none()))
         {
-            out.push(finish(path, p, opts, members)?);
+            finish(path, p, opts, &mut out)?;
         }
     } else if let Some(done) = pending.take() {
-        out.push(finish(path, done, opts, members)?);
+        finish(path, done, opts, &mut out)?;
     }
     Ok(out)
 }
@@ -390,12 +500,7 @@ fn os_error(e: &std::io::Error) -> bool {
     false
 }
 
-fn finish(
-    path: &Path,
-    p: Pending,
-    opts: &WebDatasetOptions,
-    members: &mut Members,
-) -> Result<Sample> {
+fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions, out: &mut ShardIndex) -> Result<()> {
     let Some((offset, len, _)) = p.image else {
         return Err(shard_error(
             path,
@@ -418,15 +523,8 @@ fn finish(
             ))
         }
     };
-    let first = members.members.len() as u32;
-    members.members.extend_from_slice(&p.members);
-    Ok(Sample {
-        key: p.key,
-        offset,
-        len,
-        label,
-        members: first..members.members.len() as u32,
-    })
+    out.push(&p.key, (offset, len), label, &p.members)
+        .map_err(|c| shard_error(path, p.offset, c))
 }
 
 /// A label member's class index.
@@ -450,6 +548,7 @@ fn parse_label(text: &str, ext: &str, json_field: &str) -> Result<u32, Cause> {
 
 /// WebDataset shards in the format table; without labels when surveyed.
 pub(crate) const FORMAT: Format = Format {
+    companions: &[SIDECAR_SUFFIX],
     lenient: Some((
         |paths| {
             let opts = WebDatasetOptions {
@@ -481,40 +580,43 @@ impl Source for WebDataset {
             return Ok(record);
         }
         let (s, n) = self.set.locate(index)?;
-        let (path, file) = &self.files[s];
-        let sample = &self.samples[s][n];
-        let range = sample.members.start as usize..sample.members.end as usize;
-        for m in &self.members[s].members[range] {
-            let ext = &self.exts[m.ext as usize];
+        let (path, o) = (&self.shards[s].path, self.opened(s)?);
+        for (ext, offset, len) in o.index.members(n) {
             if !parts.wants(ext) {
                 continue;
             }
-            let mut data = vec![0; m.len as usize];
-            file.read_exact_at(path, m.offset, &mut data)?;
-            record.parts.push((ext.clone(), Value::Bytes(data)));
+            let mut data = vec![0; len as usize];
+            o.blob.read_exact_at(path, offset, &mut data)?;
+            record.parts.push((ext.to_string(), Value::Bytes(data)));
         }
         Ok(record)
     }
 
     fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
         let (s, n) = self.set.locate(index)?;
-        let (path, file) = &self.files[s];
-        let sample = &self.samples[s][n];
+        let (path, o) = (&self.shards[s].path, self.opened(s)?);
+        let (offset, len) = o.index.image(n);
         bytes.clear();
-        bytes.resize(sample.len as usize, 0);
-        file.read_exact_at(path, sample.offset, &mut bytes)?;
+        bytes.resize(len as usize, 0);
+        o.blob.read_exact_at(path, offset, &mut bytes)?;
         if bytes.is_empty() {
             return Err(Error::EmptyFile {
                 key: self.key(index),
             });
         }
-        Ok(Record::encoded(self.key(index), bytes, sample.label))
+        Ok(Record::encoded(self.key(index), bytes, o.index.label(n)))
     }
 
+    /// `<shard>:<key>`; `<shard>#<n>` for a shard whose index is not
+    /// loaded yet (naming a sample loads nothing).
     fn key(&self, index: usize) -> String {
-        match self.set.locate(index) {
-            Ok((s, n)) => format!("{}:{}", self.files[s].0.display(), self.samples[s][n].key),
-            Err(_) => format!("#{index}"),
+        let Ok((s, n)) = self.set.locate(index) else {
+            return format!("#{index}");
+        };
+        let shard = &self.shards[s];
+        match shard.opened.get() {
+            Some(o) => format!("{}:{}", shard.path.display(), o.index.key(n)),
+            None => format!("{}#{n}", shard.path.display()),
         }
     }
 

@@ -63,7 +63,6 @@ fn long_names_and_pax_paths_name_members_and_huge_ones_are_refused() {
             len,
             &skip,
             &mut set,
-            (&mut Members::default(), &mut Vec::new()),
         );
         (r, set.damage)
     };
@@ -89,9 +88,8 @@ fn long_names_and_pax_paths_name_members_and_huge_ones_are_refused() {
     good_members(&mut b);
     let (samples, damage) = index(b.into_inner().unwrap());
     let samples = samples.unwrap();
-    let got: Vec<_> = samples
-        .iter()
-        .map(|s| (s.key.as_str(), s.label, s.len))
+    let got: Vec<_> = (0..samples.len())
+        .map(|n| (samples.key(n), samples.label(n), samples.image(n).1))
         .collect();
     assert_eq!(got, [("pax/one", 4, 3), (long.as_str(), 3, 4)]);
     assert!(damage.is_empty());
@@ -154,14 +152,7 @@ fn a_failing_disk_is_an_io_error_and_bad_bytes_are_damage() {
             fail_at,
         };
         let mut set = ShardSet::default();
-        match index_shard(
-            path,
-            r,
-            len,
-            &skip,
-            &mut set,
-            (&mut Members::default(), &mut Vec::new()),
-        ) {
+        match index_shard(path, r, len, &skip, &mut set) {
             Err(Error::Io { path: p, source }) => {
                 assert_eq!(p, path);
                 assert_eq!(source.raw_os_error(), Some(5), "{source}");
@@ -176,15 +167,7 @@ fn a_failing_disk_is_an_io_error_and_bad_bytes_are_damage() {
     bad[2 * 2560 + 148] ^= 0x11;
     let mut set = ShardSet::default();
     let r = std::io::Cursor::new(bad);
-    let samples = index_shard(
-        path,
-        r,
-        len,
-        &skip,
-        &mut set,
-        (&mut Members::default(), &mut Vec::new()),
-    )
-    .unwrap();
+    let samples = index_shard(path, r, len, &skip, &mut set).unwrap();
     assert_eq!(samples.len(), 2);
     assert_eq!(set.damage.len(), 1, "{:?}", set.damage);
     assert!(

@@ -89,6 +89,8 @@ pub(crate) struct Object {
     pinned: Arc<OnceLock<Version>>,
     /// Its name in the local cache: URL, size and the listed version.
     key: Arc<str>,
+    /// The version its listing or HEAD gave.
+    opened: Version,
 }
 
 // By hand: the store's own `Debug` may print credentials (object_store
@@ -107,8 +109,8 @@ impl std::fmt::Debug for Object {
 fn changed(url: &str, source: crate::error::BoxError) -> Error {
     Error::Remote {
         url: url.to_string(),
-        reason: "the object changed since it was opened (its entity tag or time differs): \
-                 open the dataset again"
+        reason: "the object changed since it was opened or indexed (its entity tag or time \
+                 differs): open the dataset again (after `wick index`, when it has a manifest)"
             .into(),
         transient: false,
         source,
@@ -128,7 +130,6 @@ impl Object {
     /// it, else from a HEAD request.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let (store, path) = store(url)?;
-        let root: Arc<str> = split(url)?.0.into();
         let (size, version) = match crate::sync::lock(listed()).remove(url) {
             Some(known) => known,
             None => {
@@ -138,20 +139,51 @@ impl Object {
                 (meta.size, Version::of(&meta))
             }
         };
+        Self::made(url, (store, path), size, version)
+    }
+
+    /// Opens `url` as a manifest lists it, sending nothing: `size` bytes,
+    /// every read pinned from the first to the entity tag `e_tag`
+    /// (`If-Match`), so an object rewritten since it was listed is refused
+    /// by its store (and a response of another version by the loader).
+    pub(crate) fn open_listed(url: &str, size: u64, e_tag: &str) -> Result<Self> {
+        let version = Version {
+            e_tag: Some(e_tag.to_string()),
+            modified: None,
+        };
+        let o = Self::made(url, store(url)?, size, version.clone())?;
+        let _ = o.pinned.set(version);
+        Ok(o)
+    }
+
+    fn made(
+        url: &str,
+        (store, path): (Arc<dyn ObjectStore>, ObjectPath),
+        size: u64,
+        version: Version,
+    ) -> Result<Self> {
         Ok(Self {
             store,
-            root,
+            root: split(url)?.0.into(),
             path,
             url: url.into(),
             len: size,
             key: version.key(url, size).into(),
             pinned: Arc::default(),
+            opened: version,
         })
     }
 
     /// The object's size in bytes.
     pub(crate) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The object's entity tag: the one its reads are pinned to once it
+    /// was read, else the one it was opened with. `None` for a server
+    /// without tags.
+    pub(crate) fn version(&self) -> Option<String> {
+        self.pinned.get().unwrap_or(&self.opened).e_tag.clone()
     }
 
     /// `options` asking for the pinned version, once there is one.
@@ -483,6 +515,33 @@ pub(crate) fn get_whole(url: &str, max: u64) -> Result<std::result::Result<Bytes
         cache.store(&key, bytes);
     }
     Ok(got)
+}
+
+/// Checks that `url` names an object this build reads (a store it knows,
+/// no credentials or query string in it), sending nothing.
+pub(crate) fn check(url: &str) -> Result<()> {
+    split(url).map(drop)
+}
+
+/// The whole object `url` in one GET, past the local cache (a file that is
+/// rewritten in place: a dataset's manifest): `None` when there is no such
+/// object, `Some(Err(size))` when it is over `max` bytes.
+pub(crate) fn get_if_exists(
+    url: &str,
+    max: u64,
+) -> Result<Option<std::result::Result<Bytes, u64>>> {
+    let (store, path) = store(url)?;
+    block_on(async move {
+        let got = match store.get_opts(&path, GetOptions::new()).await {
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            got => got?,
+        };
+        if got.meta.size > max {
+            return Ok(Some(Err(got.meta.size)));
+        }
+        got.bytes().await.map(|b| Some(Ok(b)))
+    })?
+    .map_err(|e| read_error(url, "cannot read the object", e))
 }
 
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,

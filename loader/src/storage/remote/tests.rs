@@ -152,6 +152,7 @@ fn an_object_prints_no_credentials() {
         len: 1,
         pinned: Default::default(),
         key: "k".into(),
+        opened: Default::default(),
     };
     let shown = format!("{o:?} {:?}", crate::storage::Blob::Remote(o.clone()));
     assert!(!shown.contains("TOPSECRET"), "{shown}");

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# What opening a sharded dataset over the network costs one rank, with and
+# without its manifest, at 1, 64 and 4,096 ranks, random access and
+# streaming (see src/bin/scale-open.rs). Writes 4,096 WebDataset shards of
+# 16 samples (about 320 MB) into ${WICK_SCALE_DIR:-target/scale-data} once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${WICK_SCALE_DIR:-target/scale-data}
+cargo build -q --release -p benches --bin scale-open
+bin=target/release/scale-open
+if [ ! -f "$dir/manifest.json" ]; then
+  "$bin" make "$dir" 4096 16
+fi
+for ranks in "0 1" "17 64" "17 4096"; do
+  for mode in manifest scan; do
+    for how in random stream; do
+      echo "== rank/world $ranks, $mode, $how"
+      # shellcheck disable=SC2086
+      "$bin" "$dir" $ranks "$mode" "$how"
+    done
+  done
+done

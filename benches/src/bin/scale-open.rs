@@ -1,0 +1,179 @@
+//! What opening a sharded dataset over the network costs one rank, with
+//! and without its manifest.
+//!
+//! `scale-open make DIR SHARDS SAMPLES` writes `SHARDS` WebDataset shards
+//! of `SAMPLES` samples each into `DIR` (a 2 KB `.jpg`, a `.cls` and a
+//! `.txt` a sample) and indexes them over HTTP (`write::index`, what `wick
+//! index URL` runs: the manifest records each shard's entity tag); the
+//! manifest is kept aside as `DIR/manifest.json`.
+//!
+//! `scale-open DIR RANK WORLD manifest|scan [stream]` serves `DIR` on
+//! 127.0.0.1 from a server that counts requests and body bytes (the
+//! manifest only with `manifest`), opens the shards by URL, builds a
+//! loader as rank `RANK` of `WORLD` (batch 32, shuffled; `stream`: the
+//! streaming mode, 4 shards open, a 256-record shuffle buffer) and takes
+//! its first batch. It prints the requests and bytes of the open and of
+//! the first batch, the time to each, and the process's peak RSS
+//! (`VmHWM`; the server reads each file from disk per request and holds
+//! none). `benches/scale.sh` runs the matrix.
+
+use benches::peak_rss_mb;
+use candle_wick::fields::{Field, FieldType};
+use candle_wick::map::{map_fn, Sample};
+use candle_wick::source::{WebDataset, WebDatasetOptions};
+use candle_wick::Loader;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tests::ObjectServer;
+
+/// Shard `k`'s name.
+fn shard_name(k: usize) -> String {
+    format!("s-{k:06}.tar")
+}
+
+fn make(dir: &Path, shards: usize, samples: usize) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    let mut bytes = 0u64;
+    for k in 0..shards {
+        let b = tests::wds_bytes(k * samples, samples, 2048);
+        bytes += b.len() as u64;
+        std::fs::write(dir.join(shard_name(k)), b)?;
+    }
+    // Indexed over HTTP, as `wick index URL` does it: the manifest then
+    // records each shard's entity tag, and a rank opens a shard it reads
+    // without a HEAD. The index files and manifest the server was sent
+    // are kept in `dir`.
+    let server = ObjectServer::start();
+    server.put_dir("/ds", dir);
+    let pattern = server.url(&format!("/ds/s-{{000000..{:06}}}.tar", shards - 1));
+    let t = Instant::now();
+    let done = candle_wick::write::index(Path::new(&pattern), &WebDatasetOptions::default())?;
+    let took = t.elapsed();
+    for k in 0..shards {
+        let name = format!("{}.wickidx", shard_name(k));
+        let index = server
+            .get(&format!("/ds/{name}"))
+            .ok_or("an index file not written")?;
+        std::fs::write(dir.join(name), index)?;
+    }
+    let manifest = server
+        .get("/ds/wick-manifest.json")
+        .ok_or("no manifest written")?;
+    std::fs::write(dir.join("manifest.json"), &manifest)?;
+    let manifest = manifest.len() as u64;
+    println!(
+        "wrote {shards} shards of {samples} samples ({:.1} MB) and indexed them over HTTP in \
+         {took:.1?}: index files {:.1} B a sample, manifest {:.0} B a shard",
+        bytes as f64 / 1e6,
+        (done.index_bytes - manifest) as f64 / done.records as f64,
+        manifest as f64 / shards as f64,
+    );
+    Ok(())
+}
+
+/// `(requests, body bytes)` the server has seen.
+fn counts(server: &ObjectServer) -> (usize, u64) {
+    (server.log().len(), server.bytes_sent())
+}
+
+fn run(
+    dir: &Path,
+    rank: usize,
+    world: usize,
+    manifest: bool,
+    stream: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = ObjectServer::start();
+    server.put_dir("/ds", dir);
+    if manifest {
+        server.put(
+            "/ds/wick-manifest.json",
+            std::fs::read(dir.join("manifest.json"))?,
+        );
+    }
+    let mut urls: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.ends_with(".tar")
+                .then(|| PathBuf::from(server.url(&format!("/ds/{name}"))))
+        })
+        .collect();
+    urls.sort();
+    let t = Instant::now();
+    let wds = WebDataset::open(&urls)?;
+    let open_s = t.elapsed().as_secs_f64();
+    let (open_requests, open_bytes) = counts(&server);
+    let samples = candle_wick::Source::len(&wds);
+    let map = map_fn(
+        vec![Field::new("bytes", FieldType::U32, &[1])],
+        |s: &mut Sample<'_>| {
+            let n = s.record().bytes.len() as u32;
+            s.take::<u32>(0)?.copy_from_slice(&[n]);
+            Ok(())
+        },
+    );
+    let mut b = Loader::builder(wds)
+        .map(map)
+        .batch_size(32)
+        .shuffle(1234)
+        .workers(2)
+        .shard(rank, world);
+    if stream {
+        b = b.interleave(4, 1).shuffle_buffer(256);
+    }
+    let mut loader = b.build()?;
+    let mut epoch = loader.epoch(0);
+    let batch = epoch.next().ok_or("an epoch with no batch")??;
+    let first_s = t.elapsed().as_secs_f64();
+    drop(batch);
+    let (requests, bytes) = counts(&server);
+    let shard_bytes: u64 = urls
+        .iter()
+        .filter_map(|u| {
+            let name = u.to_str()?.rsplit('/').next()?.to_string();
+            Some(std::fs::metadata(dir.join(name)).ok()?.len())
+        })
+        .sum();
+    println!(
+        "{} shards, {samples} samples ({:.1} MB), rank {rank}/{world}, {}, {}",
+        urls.len(),
+        shard_bytes as f64 / 1e6,
+        if manifest { "manifest" } else { "no manifest" },
+        if stream { "streaming" } else { "random access" },
+    );
+    println!(
+        "open: {open_requests} requests, {open_bytes} bytes ({:.3}% of the shards), {open_s:.3} s",
+        100.0 * open_bytes as f64 / shard_bytes as f64
+    );
+    println!(
+        "first batch: {} more requests, {} more bytes; {first_s:.3} s from the open",
+        requests - open_requests,
+        bytes - open_bytes
+    );
+    println!("peak_rss_mb {:.1}", peak_rss_mb());
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream]";
+    if args.first().map(String::as_str) == Some("make") {
+        let (Some(dir), Some(shards), Some(samples)) = (args.get(1), num(2), num(3)) else {
+            return Err(usage.into());
+        };
+        return make(Path::new(dir), shards, samples);
+    }
+    let (Some(dir), Some(rank), Some(world), Some(mode)) =
+        (args.first(), num(1), num(2), args.get(3))
+    else {
+        return Err(usage.into());
+    };
+    let manifest = match mode.as_str() {
+        "manifest" => true,
+        "scan" => false,
+        _ => return Err(usage.into()),
+    };
+    let stream = args.get(4).map(String::as_str) == Some("stream");
+    run(Path::new(dir), rank, world, manifest, stream)
+}
