@@ -125,6 +125,9 @@ fn a_shard_truncated_while_open_is_an_error_naming_it_not_a_crash() {
         assert_eq!(shards.len(), 1);
         let opened = candle_wick::open_path(&shards[0]).unwrap();
         assert_eq!(opened.len(), 12);
+        // Open and read: a WebDataset shard its manifest lists is opened
+        // on its first read (cut before it, it is refused whole).
+        opened.read(0).unwrap();
         let mut l = loader(opened, BadSamples::Skip);
         // Indexed whole; now cut to half its length.
         let len = std::fs::metadata(&shards[0]).unwrap().len();

@@ -500,7 +500,8 @@ fn a_tfrecord_shard_with_an_index_opens_without_reading_the_shard() {
 
 /// A WebDataset indexed once (`wick index`, here over HTTP: it reads the
 /// shards and PUTs their index files and the manifest) opens over HTTP
-/// reading its manifest alone, not one shard byte; a read of a sample
+/// reading its manifest alone, not one shard byte (by its prefix too,
+/// which an HTTP server cannot list); a read of a sample
 /// loads its shard's index (one small object) and reads the sample (the
 /// shard's size and version come from the manifest: no HEAD), and
 /// nothing of the other shards. Samples, labels and keys are those the
@@ -541,6 +542,15 @@ fn a_webdataset_with_a_manifest_opens_without_reading_a_shard() {
         opened <= manifest && opened * 100 < shard_bytes,
         "opening sent {opened} bytes: the manifest is {manifest}, the shards {shard_bytes}"
     );
+    assert_eq!(log, ["GET /ds/wick-manifest.json auth=None"]);
+
+    // Opened by its prefix (an HTTP server cannot list): the manifest
+    // names the shards, fetched once for the detection and the open.
+    let seen = server.log().len();
+    let prefix = server.url("/ds/");
+    let by_prefix = within(60, move || open_path(prefix)).unwrap();
+    assert_eq!(by_prefix.len(), 240);
+    let log = server.log()[seen..].to_vec();
     assert_eq!(log, ["GET /ds/wick-manifest.json auth=None"]);
 
     // Sample 5 of shard 5: its shard's index and its image, nothing else.

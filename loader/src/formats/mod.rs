@@ -385,6 +385,9 @@ fn detect_in(path: &Path) -> Result<Detected> {
     };
     let has = |suffixes: &[&str]| shard_paths(path, suffixes).ok();
     let megatron = format(DatasetKind::Megatron);
+    if let Some(found) = manifest_shards(path)? {
+        return Ok(found);
+    }
     if crate::storage::is_url(path) || path.is_file() {
         for f in FORMATS.iter().filter(|f| f.sharded && !f.prefix) {
             let (kind, suffixes) = (f.kind, f.suffixes);
@@ -547,6 +550,42 @@ fn detect_in(path: &Path) -> Result<Detected> {
         why,
         strays,
     })
+}
+
+/// The WebDataset shards that a manifest under the URL prefix `path`
+/// lists: one GET and no listing (an HTTP server cannot list; a prefix of
+/// 10^5 shards and their index files is hundreds of listing pages). `None`
+/// for a local path (its folder is surveyed: a readdir), a URL naming a
+/// file or a brace pattern, or a prefix without a manifest.
+fn manifest_shards(path: &Path) -> Result<Option<Detected>> {
+    use shards::manifest::{join, Manifest, MANIFEST_NAME};
+    if !crate::storage::is_url(path) {
+        return Ok(None);
+    }
+    let url = crate::storage::url_of(path);
+    let named = FORMATS
+        .iter()
+        .flat_map(|f| f.suffixes.iter().chain(f.companions))
+        .any(|s| url.ends_with(s));
+    if named || url.contains('{') {
+        return Ok(None);
+    }
+    let dir = PathBuf::from(url.trim_end_matches('/'));
+    let Some(m) = Manifest::read(&dir)? else {
+        return Ok(None);
+    };
+    if m.format != shards::webdataset::MANIFEST_FORMAT || m.shards.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Detected {
+        kind: DatasetKind::WebDataset,
+        paths: m.shards.iter().map(|s| join(&dir, &s.name)).collect(),
+        why: format!(
+            "{} WebDataset shards, as its {MANIFEST_NAME} lists them",
+            m.shards.len()
+        ),
+        strays: Vec::new(),
+    }))
 }
 
 /// Opens the dataset at `path` as [`detect`] says, leaving its strays out:

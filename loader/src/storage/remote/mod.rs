@@ -525,15 +525,26 @@ pub(crate) fn check(url: &str) -> Result<()> {
 
 /// The whole object `url` in one GET, past the local cache (a file that is
 /// rewritten in place: a dataset's manifest): `None` when there is no such
-/// object, `Some(Err(size))` when it is over `max` bytes.
+/// object (or the store will not say), `Some(Err(size))` when it is over
+/// `max` bytes.
+///
+/// Inside [`one_listing`], an object is fetched at most once (a dataset's
+/// detection reads its manifest, then its open reads it again).
 pub(crate) fn get_if_exists(
     url: &str,
     max: u64,
 ) -> Result<Option<std::result::Result<Bytes, u64>>> {
+    let memo = FETCHED.with(|m| m.borrow().as_ref().and_then(|m| m.get(url).cloned()));
+    if let Some(got) = memo {
+        return Ok(got);
+    }
     let (store, path) = store(url)?;
-    block_on(async move {
+    let got = block_on(async move {
         let got = match store.get_opts(&path, GetOptions::new()).await {
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            // S3 answers a missing key with 403 to a caller that may not
+            // list the bucket: absent too.
+            Err(object_store::Error::NotFound { .. })
+            | Err(object_store::Error::PermissionDenied { .. }) => return Ok(None),
             got => got?,
         };
         if got.meta.size > max {
@@ -541,7 +552,13 @@ pub(crate) fn get_if_exists(
         }
         got.bytes().await.map(|b| Some(Ok(b)))
     })?
-    .map_err(|e| read_error(url, "cannot read the object", e))
+    .map_err(|e| read_error(url, "cannot read the object", e))?;
+    FETCHED.with(|m| {
+        if let Some(m) = m.borrow_mut().as_mut() {
+            m.insert(url.to_string(), got.clone());
+        }
+    });
+    Ok(got)
 }
 
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
@@ -615,23 +632,29 @@ pub(crate) fn list(url: &str, deep: bool, keep: &dyn Fn(&str) -> bool) -> Result
 /// Listings by `(prefix, deep)`, while [`one_listing`] runs on this thread.
 type Listings = HashMap<(String, bool), Arc<Vec<(String, u64, Version)>>>;
 
+/// Objects [`get_if_exists`] fetched, by URL.
+type Fetched = HashMap<String, Option<std::result::Result<Bytes, u64>>>;
+
 thread_local! {
     static LISTINGS: std::cell::RefCell<Option<Listings>> = const { std::cell::RefCell::new(None) };
+    static FETCHED: std::cell::RefCell<Option<Fetched>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Runs `f` with each prefix listed at most once on this thread (a
 /// dataset's detection probes one suffix after another, then opens what
-/// it found, over one listing).
+/// it found, over one listing), and each manifest fetched at most once.
 pub(crate) fn one_listing<T>(f: impl FnOnce() -> T) -> T {
     let outer = LISTINGS.with(|m| m.borrow().is_some());
     if outer {
         return f();
     }
     LISTINGS.with(|m| *m.borrow_mut() = Some(HashMap::new()));
+    FETCHED.with(|m| *m.borrow_mut() = Some(HashMap::new()));
     struct Clear;
     impl Drop for Clear {
         fn drop(&mut self) {
             LISTINGS.with(|m| *m.borrow_mut() = None);
+            FETCHED.with(|m| *m.borrow_mut() = None);
         }
     }
     let _clear = Clear;
