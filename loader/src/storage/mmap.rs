@@ -70,8 +70,30 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
+    /// Guards the mapping `bytes` when a slot is free (on Linux); `None`
+    /// otherwise, for a reader that then copies the file instead.
+    pub(crate) fn try_new(bytes: &[u8]) -> Option<Self> {
+        let g = Self::register(bytes);
+        g.guarded().then_some(g)
+    }
+
     /// Guards the mapping `bytes` (when a slot is free, on Linux).
     pub(crate) fn new(bytes: &[u8]) -> Self {
+        let g = Self::register(bytes);
+        if !g.guarded() && !bytes.is_empty() && imp::install() {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "wick: more than {SLOTS} memory-mapped token files are open: the ones past \
+                     it are not guarded, and a truncation while they are read is SIGBUS"
+                )
+            });
+        }
+        g
+    }
+
+    /// Registers the mapping `bytes` in a free slot, if any.
+    fn register(bytes: &[u8]) -> Self {
         let marked = AtomicBool::new(false);
         if bytes.is_empty() || !imp::install() {
             return Self { slot: None, marked };
@@ -87,14 +109,6 @@ impl Guard {
             s.damaged.store(false, Ordering::Release);
             s.start.store(start, Ordering::Release);
             s.end.store(start + bytes.len(), Ordering::Release);
-        } else {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
-                    "wick: more than {SLOTS} memory-mapped token files are open: the ones past \
-                     it are not guarded, and a truncation while they are read is SIGBUS"
-                )
-            });
         }
         Self { slot, marked }
     }

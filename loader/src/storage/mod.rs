@@ -524,6 +524,48 @@ pub(crate) fn local_copy(url: &Path) -> Result<File> {
     remote::local_copy(url_of(url))
 }
 
+/// The open file, its size and its mapping. A URL's object is fetched
+/// whole to a local file first (the remote cache's directory, when it has
+/// one, keeps it for later runs; else a temporary file, deleted once
+/// mapped: the mapping keeps its pages) and mapped from there.
+///
+/// `known`: the object's size and a tag naming its bytes (a checksum), as
+/// a manifest gives them: fetched with no HEAD, cached under them.
+pub(crate) fn map_file(
+    path: &Path,
+    known: Option<(u64, &str)>,
+) -> Result<(File, u64, memmap2::Mmap)> {
+    let (file, bytes) = if is_url(path) {
+        let file = match known {
+            Some((size, tag)) => remote::local_copy_known(url_of(path), size, tag)?,
+            None => local_copy(path)?,
+        };
+        let bytes = file
+            .metadata()
+            .map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
+        (file, bytes)
+    } else {
+        local::open_shard(path)?
+    };
+    // SAFETY: the map is read-only and every access is bounds-checked
+    // against its length. That is sound only while no one writes the file
+    // in place, which this module cannot enforce (a concurrent write
+    // changes bytes behind `&[u8]`): the callers' docs state the contract. A
+    // remote object's copy is a file no writer has open (the cache renames
+    // a finished, synced file into place, or it is a deleted temporary).
+    // A truncation is SIGBUS on the next read of a lost page, which the
+    // mapping's guard (storage/mmap.rs) turns into zeros and an error on Linux.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok((file, bytes, map))
+}
+
 /// Writes the local file `local` as the object at `url` (one PUT, or a
 /// multipart upload for a large file); the error names the URL.
 pub(crate) fn upload(local: &Path, url: &Path) -> Result<()> {

@@ -90,3 +90,7 @@ pub(crate) fn upload(_local: &std::path::Path, url: &str) -> Result<()> {
 pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
     Err(missing(url))
 }
+
+pub(crate) fn local_copy_known(url: &str, _size: u64, _tag: &str) -> Result<std::fs::File> {
+    Err(missing(url))
+}

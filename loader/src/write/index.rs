@@ -79,15 +79,15 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
 /// beside an object); returns what the manifest lists of it.
 pub(crate) fn index_one(path: &Path, opts: &WebDatasetOptions) -> Result<Listed> {
     let s = webdataset::scan(path, opts)?;
-    let bytes = s.index.to_bytes(s.len);
-    put(&sidecar_path(path), &bytes)?;
+    let bytes = s.index.as_bytes();
+    put(&sidecar_path(path), bytes)?;
     Ok(Listed {
         name: manifest::split(path).1,
         size: s.len,
         version: s.blob.version(),
         records: s.index.len() as u64,
         index_bytes: bytes.len() as u64,
-        index_crc: ShardIndex::checksum(&bytes),
+        index_crc: ShardIndex::checksum(bytes),
         damage: s.damage.into_iter().map(|d| (d.offset, d.reason)).collect(),
     })
 }

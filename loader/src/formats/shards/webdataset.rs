@@ -3,7 +3,7 @@
 //! another in the archive.
 
 use super::manifest::{self, IndexedWith, Listed};
-use super::webdataset_index::{Member, ShardIndex, SIDECAR_SUFFIX};
+use super::webdataset_index::{Backing, IndexBuilder, Member, ShardIndex, SIDECAR_SUFFIX};
 use super::{ShardOptions, ShardSet};
 use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
@@ -233,6 +233,16 @@ pub(crate) fn scan(path: &Path, opts: &WebDatasetOptions) -> Result<Scanned> {
     })
 }
 
+/// An error when shard `path`'s mapped index file was cut short while
+/// mapped (what was read from it since is zeros, not the index).
+fn intact(path: &Path, index: &ShardIndex) -> Result<()> {
+    if !index.damaged() {
+        return Ok(());
+    }
+    let what = "the index file was cut short while it was mapped: run `wick index` again";
+    Err(shard_error(&sidecar_path(path), 0, what))
+}
+
 /// Says once a process, on standard error, how to open `paths` (shards
 /// being indexed by reading them) without reading them.
 fn hint(paths: &[PathBuf]) {
@@ -271,13 +281,20 @@ fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> 
         }
     }
     let sidecar = sidecar_path(path);
-    let bytes = crate::storage::read_whole(&sidecar, Vec::new(), listed.index_bytes)?;
-    if bytes.len() as u64 != listed.index_bytes || ShardIndex::checksum(&bytes) != listed.index_crc
-    {
+    let tag = format!("crc32c-{:08x}", listed.index_crc);
+    let known = Some((listed.index_bytes, tag.as_str()));
+    let (_file, bytes, map) = crate::storage::map_file(&sidecar, known)?;
+    if bytes != listed.index_bytes || ShardIndex::checksum(&map) != listed.index_crc {
         let what = format!("the shard's index is not the one the manifest lists: {again}");
         return Err(shard_error(&sidecar, 0, what));
     }
-    let index = ShardIndex::from_bytes(&bytes, len).map_err(|c| shard_error(&sidecar, 0, c))?;
+    // Mapped and guarded against a cut while mapped, when a guard is
+    // free (4,096 at once, token files included); else copied.
+    let backing = match crate::storage::mmap::Guard::try_new(&map) {
+        Some(guard) => Backing::Mapped(guard, map),
+        None => Backing::Heap(map.to_vec()),
+    };
+    let index = ShardIndex::parse(backing, len).map_err(|c| shard_error(&sidecar, 0, c))?;
     if index.len() as u64 != listed.records {
         let what = format!(
             "the index holds {} samples, not the {} the manifest lists: {again}",
@@ -297,7 +314,7 @@ fn index_shard<R: Read + std::io::Seek>(
     opts: &WebDatasetOptions,
     set: &mut ShardSet,
 ) -> Result<ShardIndex> {
-    let mut out = ShardIndex::default();
+    let mut out = IndexBuilder::default();
     let mut archive = tar::Archive::new(file);
     let mut next_header = 0u64;
     let mut pending: Option<Pending> = None;
@@ -471,7 +488,7 @@ fn index_shard<R: Read + std::io::Seek>(
     } else if let Some(done) = pending.take() {
         finish(path, done, opts, &mut out)?;
     }
-    Ok(out)
+    out.finish(file_len).map_err(|c| shard_error(path, 0, c))
 }
 
 /// Whether a tar error comes from the operating system (a failing disk or
@@ -500,7 +517,7 @@ fn os_error(e: &std::io::Error) -> bool {
     false
 }
 
-fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions, out: &mut ShardIndex) -> Result<()> {
+fn finish(path: &Path, p: Pending, opts: &WebDatasetOptions, out: &mut IndexBuilder) -> Result<()> {
     let Some((offset, len, _)) = p.image else {
         return Err(shard_error(
             path,
@@ -589,6 +606,7 @@ impl Source for WebDataset {
             o.blob.read_exact_at(path, offset, &mut data)?;
             record.parts.push((ext.to_string(), Value::Bytes(data)));
         }
+        intact(path, &o.index)?;
         Ok(record)
     }
 
@@ -596,15 +614,15 @@ impl Source for WebDataset {
         let (s, n) = self.set.locate(index)?;
         let (path, o) = (&self.shards[s].path, self.opened(s)?);
         let (offset, len) = o.index.image(n);
+        let (label, key) = (o.index.label(n), self.key(index));
+        intact(path, &o.index)?;
         bytes.clear();
         bytes.resize(len as usize, 0);
         o.blob.read_exact_at(path, offset, &mut bytes)?;
         if bytes.is_empty() {
-            return Err(Error::EmptyFile {
-                key: self.key(index),
-            });
+            return Err(Error::EmptyFile { key });
         }
-        Ok(Record::encoded(self.key(index), bytes, o.index.label(n)))
+        Ok(Record::encoded(key, bytes, label))
     }
 
     /// `<shard>:<key>`; `<shard>#<n>` for a shard whose index is not

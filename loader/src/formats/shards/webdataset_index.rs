@@ -1,9 +1,12 @@
 //! A WebDataset shard's index: where each sample's image is, its label,
-//! key and members, as a struct of arrays (about 30 bytes a sample plus
-//! its key and 16 a member, against some 170 for a struct with a `String`
-//! and a `Vec` each), and the same arrays as a file, the shard's sidecar
-//! (`<shard>.wickidx`, written by `wick index`), which a rank loads when it
-//! first reads the shard instead of reading the shard's tar headers.
+//! key and members, as arrays (24 bytes a sample, 16 a member and the
+//! key's bytes, against some 170 a sample for a struct with a `String` and
+//! a `Vec` each), read in place from one block of bytes that is also the
+//! shard's sidecar file (`<shard>.wickidx`, written by `wick index`). A
+//! rank maps a shard's sidecar when it first reads the shard, instead of
+//! reading the shard's tar headers: the pages are the page cache's, shared
+//! by every process of the node that maps the same file (a local shard's
+//! sidecar, or the node's cache directory's copy of a remote one).
 //!
 //! The sidecar, little-endian: the magic `WICKWDS1`; the shard's size, the
 //! counts of samples, members, key bytes and extensions (u64 each); per
@@ -16,16 +19,28 @@
 //! panic or a read outside the shard.
 
 use crate::error::Cause;
+use crate::storage::mmap::Guard;
 
 /// The ending a shard's sidecar adds to the shard's name.
 pub(crate) const SIDECAR_SUFFIX: &str = ".wickidx";
 const MAGIC: &[u8; 8] = b"WICKWDS1";
 /// Largest image member indexed (as the tar pass allows).
 const MAX_LEN: u64 = crate::storage::local::MAX_FILE_BYTES;
+/// Bytes before the arrays: the magic and five counts.
+const HEADER: usize = 8 + 5 * 8;
 
-/// One shard's samples (see the module's documentation).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub(crate) struct ShardIndex {
+/// One member of a sample: its extension (an index into the shard's
+/// extensions), offset and length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Member {
+    pub(crate) ext: u32,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// A shard's index being built by the tar pass, as arrays.
+#[derive(Debug, Default)]
+pub(crate) struct IndexBuilder {
     image_offset: Vec<u64>,
     image_len: Vec<u32>,
     label: Vec<u32>,
@@ -38,49 +53,7 @@ pub(crate) struct ShardIndex {
     keys: String,
 }
 
-/// One member of a sample: its extension (an index into the shard's
-/// extensions), offset and length.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Member {
-    pub(crate) ext: u32,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-}
-
-impl ShardIndex {
-    /// Samples in the shard.
-    pub(crate) fn len(&self) -> usize {
-        self.label.len()
-    }
-
-    /// `(offset, length)` of sample `n`'s image member.
-    pub(crate) fn image(&self, n: usize) -> (u64, u64) {
-        (self.image_offset[n], u64::from(self.image_len[n]))
-    }
-
-    /// Sample `n`'s label.
-    pub(crate) fn label(&self, n: usize) -> u32 {
-        self.label[n]
-    }
-
-    /// Sample `n`'s key (its members' names up to the first dot).
-    pub(crate) fn key(&self, n: usize) -> &str {
-        let start = if n == 0 { 0 } else { self.key_end[n - 1] };
-        &self.keys[start as usize..self.key_end[n] as usize]
-    }
-
-    /// Sample `n`'s members: `(extension, offset, length)`, in tar order.
-    pub(crate) fn members(&self, n: usize) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
-        let start = if n == 0 { 0 } else { self.member_end[n - 1] };
-        (start as usize..self.member_end[n] as usize).map(|m| {
-            (
-                self.exts[self.member_ext[m] as usize].as_str(),
-                self.member_offset[m],
-                u64::from(self.member_len[m]),
-            )
-        })
-    }
-
+impl IndexBuilder {
     /// The id of extension `ext` in this shard, added when new.
     pub(crate) fn ext_id(&mut self, ext: &str) -> u32 {
         match self.exts.iter().position(|e| e == ext) {
@@ -125,21 +98,21 @@ impl ShardIndex {
         Ok(())
     }
 
-    /// Bytes the index holds in memory.
-    pub(crate) fn memory(&self) -> u64 {
-        let n = self.len() as u64;
-        let m = self.member_ext.len() as u64;
-        n * (8 + 4 * 4) + m * 16 + self.keys.len() as u64
+    /// The index of a shard of `shard_len` bytes, its bytes those of the
+    /// sidecar file.
+    pub(crate) fn finish(self, shard_len: u64) -> Result<ShardIndex, Cause> {
+        ShardIndex::parse(Backing::Heap(self.to_bytes(shard_len)), shard_len)
     }
 
-    /// The sidecar of this index, for a shard of `shard_len` bytes.
-    pub(crate) fn to_bytes(&self, shard_len: u64) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.memory() as usize);
+    fn to_bytes(&self, shard_len: u64) -> Vec<u8> {
+        let n = self.label.len();
+        let m = self.member_ext.len();
+        let mut out = Vec::with_capacity(HEADER + n * 24 + m * 16 + self.keys.len() + 64);
         out.extend_from_slice(MAGIC);
         for v in [
             shard_len,
-            self.len() as u64,
-            self.member_ext.len() as u64,
+            n as u64,
+            m as u64,
             self.keys.len() as u64,
             self.exts.len() as u64,
         ] {
@@ -170,6 +143,140 @@ impl ShardIndex {
         out.extend(crc.to_le_bytes());
         out
     }
+}
+
+/// The bytes an index is read from: built in memory, or its sidecar file
+/// mapped read-only (shared with every process that maps it: a node's
+/// ranks, through a local shard's sidecar or the node's cache directory).
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// Bytes in this process's memory.
+    Heap(Vec<u8>),
+    /// A mapped file, guarded against a truncation while it is read
+    /// (the guard goes before the mapping).
+    Mapped(Guard, memmap2::Mmap),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Heap(b) => b,
+            Backing::Mapped(_, map) => map,
+        }
+    }
+}
+
+/// Where each array starts in an index's bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sections {
+    image_offset: usize,
+    image_len: usize,
+    label: usize,
+    member_end: usize,
+    key_end: usize,
+    member_ext: usize,
+    member_offset: usize,
+    member_len: usize,
+    keys: usize,
+}
+
+/// One shard's samples (see the module's documentation), read in place
+/// from its bytes: nothing is copied out but the extensions.
+#[derive(Debug)]
+pub(crate) struct ShardIndex {
+    backing: Backing,
+    samples: usize,
+    at: Sections,
+    exts: Vec<String>,
+}
+
+impl ShardIndex {
+    /// Samples in the shard.
+    pub(crate) fn len(&self) -> usize {
+        self.samples
+    }
+
+    fn u64_at(&self, base: usize, i: usize) -> u64 {
+        let b = &self.backing.bytes()[base + 8 * i..base + 8 * i + 8];
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    }
+
+    fn u32_at(&self, base: usize, i: usize) -> u32 {
+        let b = &self.backing.bytes()[base + 4 * i..base + 4 * i + 4];
+        u32::from_le_bytes(b.try_into().expect("4 bytes"))
+    }
+
+    /// The end of sample `n - 1` in the array of ends at `base` (0 for
+    /// the first sample).
+    fn start(&self, base: usize, n: usize) -> usize {
+        match n {
+            0 => 0,
+            n => self.u32_at(base, n - 1) as usize,
+        }
+    }
+
+    /// `(offset, length)` of sample `n`'s image member.
+    pub(crate) fn image(&self, n: usize) -> (u64, u64) {
+        (
+            self.u64_at(self.at.image_offset, n),
+            u64::from(self.u32_at(self.at.image_len, n)),
+        )
+    }
+
+    /// Sample `n`'s label.
+    pub(crate) fn label(&self, n: usize) -> u32 {
+        self.u32_at(self.at.label, n)
+    }
+
+    /// Sample `n`'s key (its members' names up to the first dot).
+    pub(crate) fn key(&self, n: usize) -> &str {
+        let (start, end) = (
+            self.start(self.at.key_end, n),
+            self.u32_at(self.at.key_end, n) as usize,
+        );
+        let bytes = &self.backing.bytes()[self.at.keys + start..self.at.keys + end];
+        // Checked when the index was read; a mapping damaged since reads
+        // as zeros, which the reader reports.
+        std::str::from_utf8(bytes).unwrap_or_default()
+    }
+
+    /// Sample `n`'s members: `(extension, offset, length)`, in tar order.
+    pub(crate) fn members(&self, n: usize) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
+        let (start, end) = (
+            self.start(self.at.member_end, n),
+            self.u32_at(self.at.member_end, n) as usize,
+        );
+        (start..end).map(|m| {
+            let ext = self.u32_at(self.at.member_ext, m) as usize;
+            (
+                self.exts.get(ext).map_or("", String::as_str),
+                self.u64_at(self.at.member_offset, m),
+                u64::from(self.u32_at(self.at.member_len, m)),
+            )
+        })
+    }
+
+    /// Whether the index's mapped file was cut short while mapped (what
+    /// was read from it since is zeros, not the file).
+    pub(crate) fn damaged(&self) -> bool {
+        matches!(&self.backing, Backing::Mapped(guard, _) if guard.damaged())
+    }
+
+    /// Bytes of this process's memory the index holds (a mapped file's
+    /// pages are the page cache's, shared).
+    #[cfg(test)]
+    pub(crate) fn memory(&self) -> u64 {
+        let exts: usize = self.exts.iter().map(|e| e.len() + 24).sum();
+        match &self.backing {
+            Backing::Heap(b) => (b.len() + exts) as u64,
+            Backing::Mapped(..) => exts as u64,
+        }
+    }
+
+    /// The index as its sidecar file's bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
 
     /// The CRC-32C a sidecar ends with (what a manifest records of it).
     pub(crate) fn checksum(sidecar: &[u8]) -> u32 {
@@ -179,8 +286,9 @@ impl ShardIndex {
 
     /// Reads a sidecar made for a shard of `shard_len` bytes, checking it
     /// whole (see the module's documentation).
-    pub(crate) fn from_bytes(bytes: &[u8], shard_len: u64) -> Result<Self, Cause> {
-        if bytes.len() < MAGIC.len() + 5 * 8 + 4 || &bytes[..8] != MAGIC {
+    pub(crate) fn parse(backing: Backing, shard_len: u64) -> Result<Self, Cause> {
+        let bytes = backing.bytes();
+        if bytes.len() < HEADER + 4 || &bytes[..8] != MAGIC {
             return Err("not a wick WebDataset index (no WICKWDS1 header)".into());
         }
         let body = &bytes[..bytes.len() - 4];
@@ -197,7 +305,7 @@ impl ShardIndex {
             .into());
         }
         // Every count bounded by the bytes there are before anything is
-        // allocated for it.
+        // laid out over them.
         let need = n
             .checked_mul(24)
             .and_then(|a| m.checked_mul(16).and_then(|b| a.checked_add(b)))
@@ -207,57 +315,64 @@ impl ShardIndex {
             return Err("the index's counts run past its end".into());
         }
         let (n, m) = (n as usize, m as usize);
-        let mut ix = ShardIndex {
-            image_offset: r.many(n, Fields::u64),
-            image_len: r.many(n, Fields::u32),
-            label: r.many(n, Fields::u32),
-            member_end: r.many(n, Fields::u32),
-            key_end: r.many(n, Fields::u32),
-            member_ext: r.many(m, Fields::u32),
-            member_offset: r.many(m, Fields::u64),
-            member_len: r.many(m, Fields::u32),
-            ..ShardIndex::default()
-        };
+        let mut at = Sections::default();
+        for (field, width, count) in [
+            (&mut at.image_offset, 8, n),
+            (&mut at.image_len, 4, n),
+            (&mut at.label, 4, n),
+            (&mut at.member_end, 4, n),
+            (&mut at.key_end, 4, n),
+            (&mut at.member_ext, 4, m),
+            (&mut at.member_offset, 8, m),
+            (&mut at.member_len, 4, m),
+        ] {
+            *field = r.at;
+            r.at += width * count;
+        }
+        let mut ext_names = Vec::new();
         for _ in 0..exts {
             let l = r.u32() as usize;
             let text = r.take(l).ok_or("the index's extensions run past its end")?;
             let text = std::str::from_utf8(text).map_err(|_| "an extension is not UTF-8")?;
-            ix.exts.push(text.to_string());
+            ext_names.push(text.to_string());
         }
-        let keys = r
-            .take(key_bytes as usize)
+        at.keys = r.at;
+        r.take(key_bytes as usize)
             .ok_or("the index's keys run past its end")?;
         if r.at != body.len() {
             return Err("the index has bytes past its keys".into());
         }
-        ix.keys = String::from_utf8(keys.to_vec()).map_err(|_| "a key is not UTF-8")?;
-        ix.check(shard_len)?;
+        let ix = ShardIndex {
+            backing,
+            samples: n,
+            at,
+            exts: ext_names,
+        };
+        ix.check(shard_len, m, key_bytes as usize)?;
         Ok(ix)
     }
 
-    /// Checks what [`Self::from_bytes`] read: ends rising to the totals,
-    /// keys cut at character boundaries, extensions known, every member
-    /// inside the shard.
-    fn check(&self, shard_len: u64) -> Result<(), Cause> {
-        let rising = |ends: &[u32], total: usize| {
-            ends.windows(2).all(|w| w[0] <= w[1]) && ends.last().map_or(0, |&e| e as usize) == total
+    /// Checks what [`Self::parse`] laid out: ends rising to the totals,
+    /// keys UTF-8 and cut at character boundaries, extensions known, every
+    /// member inside the shard.
+    fn check(&self, shard_len: u64, members: usize, key_bytes: usize) -> Result<(), Cause> {
+        let n = self.samples;
+        let rising = |base: usize, total: usize| {
+            (1..n).all(|i| self.u32_at(base, i - 1) <= self.u32_at(base, i))
+                && (n == 0 || self.u32_at(base, n - 1) as usize == total)
+                && (n > 0 || total == 0)
         };
-        if !rising(&self.member_end, self.member_ext.len()) {
+        if !rising(self.at.member_end, members) {
             return Err("the index's member table is out of order".into());
         }
-        if !rising(&self.key_end, self.keys.len())
-            || !self
-                .key_end
-                .iter()
-                .all(|&e| self.keys.is_char_boundary(e as usize))
+        let keys = &self.backing.bytes()[self.at.keys..self.at.keys + key_bytes];
+        let keys = std::str::from_utf8(keys).map_err(|_| "a key is not UTF-8")?;
+        if !rising(self.at.key_end, key_bytes)
+            || !(0..n).all(|i| keys.is_char_boundary(self.u32_at(self.at.key_end, i) as usize))
         {
             return Err("the index's key table is out of order".into());
         }
-        if self
-            .member_ext
-            .iter()
-            .any(|&e| e as usize >= self.exts.len())
-        {
+        if (0..members).any(|i| self.u32_at(self.at.member_ext, i) as usize >= self.exts.len()) {
             return Err("a member names an extension the index does not have".into());
         }
         let inside = |offset: u64, len: u32| {
@@ -266,9 +381,19 @@ impl ShardIndex {
                     .checked_add(u64::from(len))
                     .is_some_and(|e| e <= shard_len)
         };
-        let images = self.image_offset.iter().zip(&self.image_len);
-        let members = self.member_offset.iter().zip(&self.member_len);
-        if let Some((o, l)) = images.chain(members).find(|(&o, &l)| !inside(o, l)) {
+        let images = (0..n).map(|i| {
+            (
+                self.u64_at(self.at.image_offset, i),
+                self.u32_at(self.at.image_len, i),
+            )
+        });
+        let parts = (0..members).map(|i| {
+            (
+                self.u64_at(self.at.member_offset, i),
+                self.u32_at(self.at.member_len, i),
+            )
+        });
+        if let Some((o, l)) = images.chain(parts).find(|&(o, l)| !inside(o, l)) {
             return Err(format!(
                 "the index places a member of {l} bytes at {o}, outside the {shard_len}-byte shard"
             )
@@ -303,18 +428,14 @@ impl<'a> Fields<'a> {
         let b = self.take(4).unwrap_or(&[0; 4]);
         u32::from_le_bytes(b.try_into().unwrap_or_default())
     }
-
-    fn many<T>(&mut self, n: usize, one: fn(&mut Self) -> T) -> Vec<T> {
-        (0..n).map(|_| one(self)).collect()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample_index() -> ShardIndex {
-        let mut ix = ShardIndex::default();
+    fn sample_index() -> IndexBuilder {
+        let mut ix = IndexBuilder::default();
         let (jpg, cls, txt) = (ix.ext_id("jpg"), ix.ext_id("cls"), ix.ext_id("txt"));
         for i in 0..5u64 {
             let base = i * 4096;
@@ -342,60 +463,83 @@ mod tests {
         ix
     }
 
-    /// An index written and read back is the same, and every damage to
-    /// its bytes, a shard of another size or a cut file is an error
-    /// (never a panic).
+    fn parse(bytes: &[u8], shard_len: u64) -> Result<ShardIndex, Cause> {
+        ShardIndex::parse(Backing::Heap(bytes.to_vec()), shard_len)
+    }
+
+    /// An index written and read back gives what was put in, and every
+    /// damage to its bytes, a shard of another size or a cut file is an
+    /// error (never a panic).
     #[test]
     fn a_sidecar_reads_back_and_damage_is_an_error() {
-        let ix = sample_index();
-        let bytes = ix.to_bytes(5 * 4096);
-        let back = ShardIndex::from_bytes(&bytes, 5 * 4096).unwrap();
-        assert_eq!(back, ix);
+        let bytes = sample_index().to_bytes(5 * 4096);
+        let back = parse(&bytes, 5 * 4096).unwrap();
+        assert_eq!(back.len(), 5);
+        assert_eq!(back.as_bytes(), &bytes[..]);
+        assert_eq!(back.key(0), "k0-é");
         assert_eq!(back.key(3), "k3-é");
         assert_eq!(back.image(2), (2 * 4096 + 512, 1000));
         assert_eq!(back.label(4), 12);
         let m: Vec<_> = back
             .members(1)
-            .map(|(e, _, l)| (e.to_string(), l))
+            .map(|(e, o, l)| (e.to_string(), o, l))
             .collect();
         assert_eq!(
             m,
-            [("jpg".into(), 1000), ("cls".into(), 1), ("txt".into(), 10)]
+            [
+                ("jpg".into(), 4096 + 512, 1000),
+                ("cls".into(), 4096 + 2048, 1),
+                ("txt".into(), 4096 + 3072, 10)
+            ]
         );
+        let empty = IndexBuilder::default().finish(0).unwrap();
+        assert_eq!(empty.len(), 0);
 
-        let e = ShardIndex::from_bytes(&bytes, 5 * 4096 + 1).unwrap_err();
+        let e = parse(&bytes, 5 * 4096 + 1).unwrap_err();
         assert!(
             e.reason.contains("changed since it was indexed"),
             "{}",
             e.reason
         );
         for cut in [0, 7, 20, bytes.len() - 1] {
-            assert!(
-                ShardIndex::from_bytes(&bytes[..cut], 5 * 4096).is_err(),
-                "cut at {cut}"
-            );
+            assert!(parse(&bytes[..cut], 5 * 4096).is_err(), "cut at {cut}");
         }
         for at in (0..bytes.len()).step_by(7) {
             let mut bad = bytes.clone();
             bad[at] ^= 0x40;
-            assert!(
-                ShardIndex::from_bytes(&bad, 5 * 4096).is_err(),
-                "flip at {at}"
-            );
+            assert!(parse(&bad, 5 * 4096).is_err(), "flip at {at}");
         }
-        // Counts that promise more than the file holds, with a valid
-        // checksum: refused before anything is allocated.
+        // Checksummed again after a change: what the checksum cannot see.
+        let resealed = |mut b: Vec<u8>| {
+            let body = b.len() - 4;
+            let crc = crc32c::crc32c(&b[..body]);
+            b[body..].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        // Counts that promise more than the file holds: refused before
+        // anything is laid out over them.
         let mut huge = bytes.clone();
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-        let body = huge.len() - 4;
-        let crc = crc32c::crc32c(&huge[..body]);
-        huge[body..].copy_from_slice(&crc.to_le_bytes());
-        let e = ShardIndex::from_bytes(&huge, 5 * 4096).unwrap_err();
+        let e = parse(&resealed(huge), 5 * 4096).unwrap_err();
         assert!(e.reason.contains("run past its end"), "{}", e.reason);
-        // A member outside the shard, with a valid checksum.
+        // A member outside the shard.
         let mut ix = sample_index();
         ix.member_offset[4] = 5 * 4096;
-        let e = ShardIndex::from_bytes(&ix.to_bytes(5 * 4096), 5 * 4096).unwrap_err();
+        let e = parse(&ix.to_bytes(5 * 4096), 5 * 4096).unwrap_err();
         assert!(e.reason.contains("outside the"), "{}", e.reason);
+        // Member ends out of order, a key cut inside a character, an
+        // unknown extension.
+        let mut ix = sample_index();
+        ix.member_end.swap(1, 2);
+        let e = parse(&ix.to_bytes(5 * 4096), 5 * 4096).unwrap_err();
+        assert!(e.reason.contains("member table"), "{}", e.reason);
+        let mut ix = sample_index();
+        ix.key_end[0] -= 1;
+        let e = parse(&ix.to_bytes(5 * 4096), 5 * 4096).unwrap_err();
+        assert!(e.reason.contains("key table"), "{}", e.reason);
+        let mut ix = sample_index();
+        ix.member_ext[3] = 9;
+        let e = parse(&ix.to_bytes(5 * 4096), 5 * 4096).unwrap_err();
+        assert!(e.reason.contains("extension"), "{}", e.reason);
     }
 }

@@ -197,3 +197,52 @@ fn labels_parse_from_text_and_json() {
     let err = parse_label("{", "json", "label").unwrap_err();
     assert!(err.source.is_some(), "the JSON error is kept: {err:?}");
 }
+
+/// A shard a manifest lists maps its index file on its first read (the
+/// index then holds almost nothing of the process's memory), and an index
+/// file cut short while mapped is an error naming it, never a crash or a
+/// sample read at zeroed offsets.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_listed_shard_maps_its_index_and_a_cut_index_is_an_error() {
+    use crate::write::{ShardSample, ShardWriter, WebDatasetWriter};
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("s-0.tar");
+    let mut w = WebDatasetWriter::create(&shard).unwrap();
+    for i in 0..600u32 {
+        let key = format!("sample-with-a-long-key-{i:06}");
+        let bytes = [i as u8; 20];
+        w.write(ShardSample {
+            key: &key,
+            ext: "png",
+            bytes: &bytes,
+            label: i % 7,
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    crate::write::index(dir.path(), &WebDatasetOptions::default()).unwrap();
+    let wds = WebDataset::open([&shard]).unwrap();
+    assert!(wds.shards[0].opened.get().is_none(), "not read yet");
+    let r = wds.read(599).unwrap();
+    assert_eq!((r.label, r.bytes[0]), (599 % 7, (599 % 256) as u8));
+    assert!(
+        r.key.ends_with(":sample-with-a-long-key-000599"),
+        "{}",
+        r.key
+    );
+    let index = &wds.shards[0].opened.get().unwrap().index;
+    let sidecar = sidecar_path(&shard);
+    let file_len = std::fs::metadata(&sidecar).unwrap().len();
+    assert!(file_len > 3 * 4096, "several pages: {file_len}");
+    assert!(index.memory() < 64, "mapped: {} bytes held", index.memory());
+    // Cut to its first page: the pages past it are gone from the mapping.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&sidecar)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let e = wds.read(599).unwrap_err().to_string();
+    assert!(e.contains(".wickidx") && e.contains("cut short"), "{e}");
+}

@@ -2,7 +2,6 @@
 //! an llm.c shard with its header), opened, checked and read by window.
 
 use crate::error::{Error, Result};
-use crate::storage::local::open_shard;
 use memmap2::Mmap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -157,7 +156,7 @@ impl TokenFile {
             reason,
             source: None,
         };
-        let (file, bytes, map) = map(path)?;
+        let (file, bytes, map) = crate::storage::map_file(path, None)?;
         // Guarded before the header is read.
         let guard = crate::storage::mmap::Guard::new(&map);
         let layout = layout.unwrap_or(match map.get(..4) {
@@ -462,37 +461,4 @@ fn prefetch_line(p: *const u8) {
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = p;
-}
-
-/// The open file, its size and its mapping. A URL's object is fetched
-/// whole to a local file first (the remote cache's directory, when it has
-/// one, keeps it for later runs; else a temporary file, deleted once
-/// mapped: the mapping keeps its pages) and mapped from there.
-fn map(path: &Path) -> Result<(std::fs::File, u64, Mmap)> {
-    let (file, bytes) = if crate::storage::is_url(path) {
-        let file = crate::storage::local_copy(path)?;
-        let bytes = file
-            .metadata()
-            .map_err(|source| Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })?
-            .len();
-        (file, bytes)
-    } else {
-        open_shard(path)?
-    };
-    // SAFETY: the map is read-only and every access is bounds-checked
-    // against its length. That is sound only while no one writes the file
-    // in place, which this module cannot enforce (a concurrent write
-    // changes bytes behind `&[u8]`): the type's docs state the contract. A
-    // remote object's copy is a file no writer has open (the cache renames
-    // a finished, synced file into place, or it is a deleted temporary).
-    // A truncation is SIGBUS on the next read of a lost page, which the
-    // mapping's guard (storage/mmap.rs) turns into zeros and an error on Linux.
-    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok((file, bytes, map))
 }

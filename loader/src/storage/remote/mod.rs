@@ -682,7 +682,20 @@ pub(crate) fn delete(url: &str) -> Result<()> {
 /// into it when missing or deleted by another process), else a temporary
 /// file, deleted once open.
 pub(crate) fn local_copy(url: &str) -> Result<std::fs::File> {
-    let o = Object::open(url)?;
+    copy_of(Object::open(url)?)
+}
+
+/// [`local_copy`] of an object whose size a manifest gives, with no HEAD:
+/// cached under its URL, size and `tag` (what names its bytes: their
+/// checksum), so a rewritten object is fetched anew.
+pub(crate) fn local_copy_known(url: &str, size: u64, tag: &str) -> Result<std::fs::File> {
+    let mut o = Object::made(url, store(url)?, size, Version::default())?;
+    o.key = format!("{url}#{size}#{tag}").into();
+    copy_of(o)
+}
+
+/// The object `o` whole, as an open local file (see [`local_copy`]).
+fn copy_of(o: Object) -> Result<std::fs::File> {
     let fetch = |dest: &std::path::Path| -> Result<()> {
         let (me, dest) = (o.clone(), dest.to_path_buf());
         block_on(async move { me.fetch_whole(Some(dest), false).await.map(drop) })?
