@@ -90,7 +90,35 @@ impl Manifest {
                 m.wick_manifest
             )));
         }
+        m.check().map_err(bad)?;
         Ok(Some(m))
+    }
+
+    /// What no index pass writes: a shard named outside its folder, or
+    /// more samples than its bytes can hold (a tar member takes at least
+    /// 512 bytes), so that a lying manifest is refused before any count
+    /// of it is used.
+    fn check(&self) -> std::result::Result<(), String> {
+        let mut total: u64 = 0;
+        for s in &self.shards {
+            total = total
+                .checked_add(s.records)
+                .filter(|&t| usize::try_from(t).is_ok())
+                .ok_or("lists more samples than this machine can count")?;
+            let n = &s.name;
+            if n.is_empty() || n.contains(['/', '\\']) || n == "." || n == ".." {
+                return Err(format!(
+                    "lists a shard named {n:?}, not a file in its folder"
+                ));
+            }
+            if s.records > s.size / 512 {
+                return Err(format!(
+                    "lists {} samples in {n}, which is {} bytes: more than it can hold",
+                    s.records, s.size
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The manifest as the file's bytes.
@@ -158,4 +186,54 @@ pub(crate) fn lookup(
         out.push(listed);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(name: &str, size: u64, records: u64) -> Listed {
+        Listed {
+            name: name.into(),
+            size,
+            version: None,
+            records,
+            index_bytes: 100,
+            index_crc: 0,
+            damage: Vec::new(),
+        }
+    }
+
+    /// A manifest reads back as written; one naming a shard outside its
+    /// folder, or more samples than a shard's bytes can hold, is an error
+    /// naming the manifest.
+    #[test]
+    fn a_manifest_reads_back_and_a_lying_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = IndexedWith {
+            image_exts: vec!["jpg".into()],
+            label_ext: Some("cls".into()),
+            json_label_field: "label".into(),
+        };
+        assert_eq!(Manifest::read(dir.path()).unwrap(), None);
+        let write = |shards: Vec<Listed>| {
+            let m = Manifest::new("webdataset", options.clone(), shards);
+            std::fs::write(dir.path().join(MANIFEST_NAME), m.to_bytes()).unwrap();
+            m
+        };
+        let m = write(vec![listed("s-0.tar", 10_240, 20)]);
+        assert_eq!(Manifest::read(dir.path()).unwrap(), Some(m));
+        for (shard, why) in [
+            (listed("../s-0.tar", 10_240, 20), "not a file in its folder"),
+            (listed("s-0.tar", 10_240, 21), "more than it can hold"),
+            (listed("s-0.tar", 10_240, u64::MAX), "more than it can hold"),
+        ] {
+            write(vec![shard]);
+            let e = Manifest::read(dir.path()).unwrap_err().to_string();
+            assert!(e.contains(MANIFEST_NAME) && e.contains(why), "{e}");
+        }
+        std::fs::write(dir.path().join(MANIFEST_NAME), b"{\"wick_manifest\": 1").unwrap();
+        let e = Manifest::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a wick manifest"), "{e}");
+    }
 }
