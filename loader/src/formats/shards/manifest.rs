@@ -172,11 +172,12 @@ pub(crate) fn lookup(
         }
         let (dir, name) = split(path);
         if !folders.contains_key(&dir) {
+            let manifest = join(&dir, MANIFEST_NAME);
             let found = Manifest::read(&dir)?
-                .filter(|m| m.format == format && m.options == *options)
+                .filter(|m| m.format == format && made_with(m, options, &manifest))
                 .map(|m| {
                     let by_name = m.shards.into_iter().map(|s| (s.name.clone(), s)).collect();
-                    (join(&dir, MANIFEST_NAME), by_name)
+                    (manifest, by_name)
                 });
             folders.insert(dir.clone(), found);
         }
@@ -186,6 +187,26 @@ pub(crate) fn lookup(
         out.push(listed);
     }
     Ok(out)
+}
+
+/// Whether manifest `m` (at `path`) was made with `options`; when not,
+/// one line on standard error (once a process) says so, since its shards
+/// are then indexed anew.
+fn made_with(m: &Manifest, options: &IndexedWith, path: &Path) -> bool {
+    if m.options == *options {
+        return true;
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "wick: {} was made with other options ({:?}) than this open's ({:?}): its shards \
+             are indexed anew; `wick index` with these options writes one for them",
+            crate::error::redact(&path.to_string_lossy()),
+            m.options,
+            options
+        );
+    }
+    false
 }
 
 #[cfg(test)]
@@ -232,6 +253,17 @@ mod tests {
             let e = Manifest::read(dir.path()).unwrap_err().to_string();
             assert!(e.contains(MANIFEST_NAME) && e.contains(why), "{e}");
         }
+        // Looked up with the options it was made with, a shard is listed;
+        // with others (no label), it is not.
+        let m = write(vec![listed("s-0.tar", 10_240, 20)]);
+        let shard = [dir.path().join("s-0.tar")];
+        let found = lookup(&shard, "webdataset", &options).unwrap();
+        assert_eq!(found[0].as_ref().map(|f| &f.1), Some(&m.shards[0]));
+        let other = IndexedWith {
+            label_ext: None,
+            ..options.clone()
+        };
+        assert_eq!(lookup(&shard, "webdataset", &other).unwrap(), [None]);
         std::fs::write(dir.path().join(MANIFEST_NAME), b"{\"wick_manifest\": 1").unwrap();
         let e = Manifest::read(dir.path()).unwrap_err().to_string();
         assert!(e.contains("not a wick manifest"), "{e}");
