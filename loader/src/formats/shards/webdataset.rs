@@ -84,6 +84,17 @@ struct Shard {
     listed: Option<(PathBuf, Listed)>,
 }
 
+impl Shard {
+    /// The key of its sample `n`: `<shard>:<key>`, or `<shard>#<n>` while
+    /// its index is not loaded (naming a sample loads nothing).
+    fn key(&self, n: usize) -> String {
+        match self.opened.get() {
+            Some(o) => format!("{}:{}", self.path.display(), o.index.key(n)),
+            None => format!("{}#{n}", self.path.display()),
+        }
+    }
+}
+
 /// A shard's file and index.
 #[derive(Debug)]
 struct Opened {
@@ -614,7 +625,7 @@ impl Source for WebDataset {
         let (s, n) = self.set.locate(index)?;
         let (path, o) = (&self.shards[s].path, self.opened(s)?);
         let (offset, len) = o.index.image(n);
-        let (label, key) = (o.index.label(n), self.key(index));
+        let (label, key) = (o.index.label(n), self.shards[s].key(n));
         intact(path, &o.index)?;
         bytes.clear();
         bytes.resize(len as usize, 0);
@@ -625,17 +636,12 @@ impl Source for WebDataset {
         Ok(Record::encoded(key, bytes, label))
     }
 
-    /// `<shard>:<key>`; `<shard>#<n>` for a shard whose index is not
-    /// loaded yet (naming a sample loads nothing).
+    /// `<shard>:<key>` ([`Shard::key`]).
     fn key(&self, index: usize) -> String {
         let Ok((s, n)) = self.set.locate(index) else {
             return format!("#{index}");
         };
-        let shard = &self.shards[s];
-        match shard.opened.get() {
-            Some(o) => format!("{}:{}", shard.path.display(), o.index.key(n)),
-            None => format!("{}#{n}", shard.path.display()),
-        }
+        self.shards[s].key(n)
     }
 
     fn shards(&self) -> &[ShardInfo] {
