@@ -6,6 +6,7 @@
 use crate::error::{Error, Result};
 use crate::geometry::Size;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// One sample as a source stores it: a key, the encoded image and its
 /// class (the common case), and any other named parts the loader's map
@@ -284,15 +285,17 @@ pub trait Source: Send + Sync + 'static {
     ///
     /// The order (a [`Mixture`](crate::source::Mixture) places its
     /// members' samples by weight, a Parquet source shuffles by block):
-    /// `len()`
-    /// indices below `len()`, repeats allowed, a pure function of `seed`
-    /// (the loader's [`shuffle`](crate::LoaderBuilder::shuffle) seed,
-    /// `None` without a shuffle) and `epoch`. The loader cuts it into
-    /// batches and ranks as it does its own permutation (with a seed, each
-    /// stretch of `world_size * batch_size` is shuffled within itself), and
-    /// resumes it exactly. `None` (the default): the loader's permutation.
-    /// Only the random-access mode asks.
-    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+    /// an [`EpochOrder`] of `len()` positions, each an index below
+    /// `len()`, repeats allowed, a pure function of `seed` (the loader's
+    /// [`shuffle`](crate::LoaderBuilder::shuffle) seed, `None` without a
+    /// shuffle) and `epoch`. The loader asks it only at the positions this
+    /// rank reads, so an order that computes a position on demand costs
+    /// nothing of the epoch's size; a `Vec<usize>` is one too. The loader
+    /// cuts it into batches and ranks as it does its own permutation (with
+    /// a seed, each stretch of `world_size * batch_size` is shuffled within
+    /// itself), and resumes it exactly. `None` (the default): the loader's
+    /// permutation. Only the random-access mode asks.
+    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Arc<dyn EpochOrder>> {
         let _ = (seed, epoch);
         None
     }
@@ -302,6 +305,47 @@ pub trait Source: Send + Sync + 'static {
     /// `0` (the default) for a source that holds nothing per read.
     fn memory(&self) -> u64 {
         0
+    }
+}
+
+/// An epoch's order as a source gives it ([`Source::begin_epoch`]):
+/// which source index sits at each position, asked position by position.
+///
+/// An order computed on demand (a keyed permutation, a block shuffle, a
+/// mixture's placement) holds nothing of the epoch's size, and a loader
+/// asks it only at the positions its rank reads: the same order serves one
+/// rank or ten thousand. A `Vec<usize>` is an order too, for a source
+/// small enough to list its epoch.
+pub trait EpochOrder: Send + Sync + std::fmt::Debug {
+    /// Positions in the epoch.
+    fn len(&self) -> usize;
+
+    /// Whether the epoch has no position.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The source index at `position` (below [`len`](Self::len)).
+    fn at(&self, position: usize) -> usize;
+
+    /// Every position's index, in order: `len()` entries (for small
+    /// orders and tests).
+    fn to_vec(&self) -> Vec<usize> {
+        (0..self.len()).map(|p| self.at(p)).collect()
+    }
+}
+
+impl EpochOrder for Vec<usize> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn at(&self, position: usize) -> usize {
+        self[position]
+    }
+
+    fn to_vec(&self) -> Vec<usize> {
+        self.clone()
     }
 }
 
@@ -389,7 +433,7 @@ macro_rules! forward_hints {
             &self,
             seed: ::std::option::Option<u64>,
             epoch: u64,
-        ) -> ::std::option::Option<::std::vec::Vec<usize>> {
+        ) -> ::std::option::Option<::std::sync::Arc<dyn $crate::source::EpochOrder>> {
             $crate::Source::begin_epoch(&self.$field, seed, epoch)
         }
         fn memory(&self) -> u64 {
@@ -457,7 +501,11 @@ macro_rules! forward_source {
             fn wants_read_ahead(&self) -> bool {
                 (**self).wants_read_ahead()
             }
-            fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+            fn begin_epoch(
+                &self,
+                seed: Option<u64>,
+                epoch: u64,
+            ) -> Option<std::sync::Arc<dyn EpochOrder>> {
                 (**self).begin_epoch(seed, epoch)
             }
             fn memory(&self) -> u64 {
@@ -517,8 +565,12 @@ mod tests {
         fn wants_read_ahead(&self) -> bool {
             true
         }
-        fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
-            Some(vec![2, seed.unwrap_or(0) as usize % 3, epoch as usize % 3])
+        fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Arc<dyn EpochOrder>> {
+            Some(Arc::new(vec![
+                2,
+                seed.unwrap_or(0) as usize % 3,
+                epoch as usize % 3,
+            ]))
         }
         fn memory(&self) -> u64 {
             4096
@@ -564,7 +616,8 @@ mod tests {
         assert_eq!(w.damage(), i.damage());
         assert_eq!(w.digest(), i.digest());
         assert_eq!(w.wants_read_ahead(), i.wants_read_ahead());
-        assert_eq!(w.begin_epoch(Some(4), 5), i.begin_epoch(Some(4), 5));
+        let order = |s: &dyn Source| s.begin_epoch(Some(4), 5).map(|o| o.to_vec());
+        assert_eq!(order(&w), order(i));
         assert_eq!(w.memory(), i.memory());
     }
 }

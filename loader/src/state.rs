@@ -45,7 +45,7 @@ pub const STATE_VERSION: u32 = 3;
 /// under another is refused. Changed whenever any of them changes; the
 /// golden tests (tests/tests/resume_golden.rs) fail when one changes
 /// without it.
-pub const ORDER_VERSION: &str = "wick-order-4";
+pub const ORDER_VERSION: &str = "wick-order-5";
 
 /// Where a loader is: the next batch it will deliver, and what decides
 /// which batch that is. Serializes to a few hundred bytes of JSON

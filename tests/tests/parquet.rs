@@ -524,7 +524,7 @@ fn through_store(
 fn remote_row_groups_are_read_ahead_by_window() {
     let dir = tempfile::tempdir().unwrap();
     let (p, images, leaves) = through_store(dir.path(), 3);
-    let order = p.begin_epoch(Some(4), 0).unwrap();
+    let order = p.begin_epoch(Some(4), 0).unwrap().to_vec();
     p.__record_reads();
     p.read(order[0]).unwrap();
     let groups_read = || {
@@ -579,13 +579,13 @@ fn remote_read_ahead_crosses_into_the_next_epoch() {
     let seed = (0..)
         .map(Some)
         .find(|&s| {
-            let first1 = group_of(p.begin_epoch(s, 1).unwrap()[0]);
-            !last3(&p.begin_epoch(s, 0).unwrap()).contains(&first1)
+            let first1 = group_of(p.begin_epoch(s, 1).unwrap().to_vec()[0]);
+            !last3(&p.begin_epoch(s, 0).unwrap().to_vec()).contains(&first1)
         })
         .unwrap();
-    let order1 = p.begin_epoch(seed, 1).unwrap();
+    let order1 = p.begin_epoch(seed, 1).unwrap().to_vec();
     let first1 = group_of(order1[0]);
-    let order0 = p.begin_epoch(seed, 0).unwrap();
+    let order0 = p.begin_epoch(seed, 0).unwrap().to_vec();
     // Times group `g`'s image chunk was fetched so far.
     let log = std::cell::RefCell::new(Vec::new());
     let fetches = |g: usize| {
@@ -624,7 +624,7 @@ fn remote_read_ahead_crosses_into_the_next_epoch() {
     // Once in epoch 0, once ahead of epoch 1.
     assert_eq!(wait(first1, 2), 2);
     // Epoch 1 opens on the held group: no fetch.
-    assert_eq!(p.begin_epoch(seed, 1).unwrap(), order1);
+    assert_eq!(p.begin_epoch(seed, 1).unwrap().to_vec(), order1);
     p.read(order1[0]).unwrap();
     assert_eq!(fetches(first1), 2);
 }
@@ -728,7 +728,7 @@ fn the_row_group_cache_is_bounded_in_bytes() {
     )
     .unwrap();
     let mut most = 0;
-    for i in p.begin_epoch(Some(3), 0).unwrap() {
+    for i in p.begin_epoch(Some(3), 0).unwrap().to_vec() {
         p.read(i).unwrap();
         most = most.max(candle_wick::Source::memory(&p));
     }
@@ -792,7 +792,7 @@ fn settled(p: &Parquet) {
 fn a_resume_reads_ahead_from_its_own_window() {
     let dir = tempfile::tempdir().unwrap();
     let (p, images, leaves) = through_store(dir.path(), 2);
-    let order = p.begin_epoch(Some(7), 0).unwrap();
+    let order = p.begin_epoch(Some(7), 0).unwrap().to_vec();
     p.__record_reads();
     p.read(order[order.len() - 4]).unwrap();
     settled(&p);
@@ -815,7 +815,7 @@ fn a_resume_reads_ahead_from_its_own_window() {
     );
     // Asked for the epoch's order again (`Loader::batches`), the plan of
     // the epoch under way stays: nothing is fetched again.
-    assert_eq!(p.begin_epoch(Some(7), 0).unwrap(), order);
+    assert_eq!(p.begin_epoch(Some(7), 0).unwrap().to_vec(), order);
     p.read(order[order.len() - 3]).unwrap();
     settled(&p);
     assert!(p.__record_reads().is_empty());
@@ -831,14 +831,14 @@ fn a_mixture_of_parquet_reads_what_the_member_alone_reads() {
     let file = one_file(dir.path(), 40, 1000);
     let alone = Parquet::open([&file]).unwrap();
     let before = alone.bytes_read();
-    for i in alone.begin_epoch(Some(7), 0).unwrap() {
+    for i in alone.begin_epoch(Some(7), 0).unwrap().to_vec() {
         alone.read(i).unwrap();
     }
     let alone_bytes = alone.bytes_read() - before;
     let member = Parquet::open([&file]).unwrap();
     let mix = Mixture::builder().add(member.clone(), 1.0).build().unwrap();
     let before = member.bytes_read();
-    for i in mix.begin_epoch(Some(7), 0).unwrap() {
+    for i in mix.begin_epoch(Some(7), 0).unwrap().to_vec() {
         mix.read(i).unwrap();
     }
     let mixed = member.bytes_read() - before;

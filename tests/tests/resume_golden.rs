@@ -117,8 +117,54 @@ fn the_permutation_of_a_billion_is_pinned() {
     assert_eq!(tokens, GOLDEN_BILLION);
 }
 
+/// A source of `n` samples with nothing to read: a mixture's order is
+/// planned without a read.
+struct Blank(usize);
+
+impl candle_wick::Source for Blank {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn read(&self, index: usize) -> candle_wick::Result<Record> {
+        Err(candle_wick::Error::InvalidConfig(format!("blank {index}")))
+    }
+}
+
+/// A mixture's order, position by position, over a billion samples: the
+/// placement and each member's draws are arithmetic (no table of the
+/// epoch is built: one would be 8 GB), and pinned.
+#[test]
+fn a_mixture_of_a_billion_is_pinned() {
+    use candle_wick::source::Mixture;
+    let mix = Mixture::builder()
+        .add(Blank(600_000_000), 0.5)
+        .add(Blank(300_000_000), 0.3)
+        .add(Blank(100_000_000), 0.2)
+        .build()
+        .unwrap();
+    let order = candle_wick::Source::begin_epoch(&mix, Some(9), 3).unwrap();
+    assert_eq!(order.len(), 1_000_000_000);
+    let at: Vec<usize> = [0, 1, 2, 65_535, 65_536, 500_000_017, 999_999_999]
+        .iter()
+        .map(|&p| order.at(p))
+        .collect();
+    assert_eq!(at, GOLDEN_MIXTURE_BILLION);
+    // Small mixtures too: the first batches of epoch 1, seeded.
+    let small = Mixture::builder()
+        .add(Blank(7), 0.6)
+        .add(Blank(5), 0.4)
+        .build()
+        .unwrap();
+    let l = Loader::builder(small)
+        .batch_size(4)
+        .shuffle(3)
+        .build()
+        .unwrap();
+    assert_eq!(l.batches(1), GOLDEN_MIXTURE_EPOCH_1);
+}
+
 const GOLDEN_STATE: &str = concat!(
-    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-4","#,
+    r#"{"version":3,"epoch":0,"batch":0,"samples":0,"identity":{"order_version":"wick-order-5","#,
     r#""seed":42,"shuffle_seed":42,"batch_size":3,"remainder":"split","world_size":2,"#,
     r#""mode":"random access","source_len":10,"source_shards":0,"source_digest":3646669912,"#,
     r#""max_pixels":89478485,"bad_samples":"Fail","fields":["v U32 [2]"],"map":null}}"#
@@ -133,3 +179,10 @@ const GOLDEN_BILLION: &[usize] = &[
 ];
 /// The first two batches of epoch 1: each window's first token (its offset).
 const GOLDEN_TOKEN_WINDOWS: &[u32] = &[614, 951, 140, 248, 445, 751, 866, 752];
+/// Positions 0, 1, 2, 65,535, 65,536, 500,000,017 and 999,999,999 of the
+/// billion-sample mixture's epoch 3.
+const GOLDEN_MIXTURE_BILLION: &[usize] = &[
+    453246208, 899835903, 467947147, 818484734, 8128760, 989738096, 371716416,
+];
+/// The small mixture's epoch 1.
+const GOLDEN_MIXTURE_EPOCH_1: &[&[usize]] = &[&[4, 8, 7, 6], &[11, 5, 3, 0], &[9, 10, 1, 2]];

@@ -1,7 +1,10 @@
 //! What ordering a huge epoch costs one rank: `scale-order N RANK WORLD
-//! [RESUME_WORLD]` builds a shuffled loader over an arithmetic source of
-//! `N` samples (a record is its index, read from no file, so the time and
-//! memory measured are the order's and the loader's), as rank `RANK` of
+//! [RESUME_WORLD] [--mixture]` builds a shuffled loader over an arithmetic
+//! source of `N` samples (a record is its index, read from no file, so the
+//! time and memory measured are the order's and the loader's; with
+//! `--mixture`, a mixture of three such sources of 50, 30 and 20% of `N`
+//! weighted 0.5 / 0.3 / 0.2, whose epoch order the mixture places), as
+//! rank `RANK` of
 //! `WORLD`, batch 32, and takes its first batch of epoch 3. With
 //! `RESUME_WORLD`, it then saves the state after that batch, as the job
 //! would, and resumes it elastically on `RESUME_WORLD` ranks (rank
@@ -13,7 +16,7 @@
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
 use candle_wick::map::{map_fn, Sample};
-use candle_wick::source::Record;
+use candle_wick::source::{Mixture, Record};
 use candle_wick::{Loader, Source};
 use std::time::Instant;
 
@@ -38,7 +41,7 @@ impl Source for Counting {
     }
 }
 
-fn builder(n: usize, rank: usize, world: usize) -> candle_wick::LoaderBuilder {
+fn builder(n: usize, rank: usize, world: usize, mixture: bool) -> candle_wick::LoaderBuilder {
     let map = map_fn(
         vec![Field::new("index", FieldType::U32, &[2])],
         |s: &mut Sample<'_>| {
@@ -49,7 +52,20 @@ fn builder(n: usize, rank: usize, world: usize) -> candle_wick::LoaderBuilder {
             Ok(())
         },
     );
-    Loader::builder(Counting(n))
+    let source: Box<dyn Source> = if mixture {
+        let (a, b) = (n / 2, n * 3 / 10);
+        Box::new(
+            Mixture::builder()
+                .add(Counting(a), 0.5)
+                .add(Counting(b), 0.3)
+                .add(Counting(n - a - b), 0.2)
+                .build()
+                .expect("three members of positive weight"),
+        )
+    } else {
+        Box::new(Counting(n))
+    };
+    Loader::builder(source)
         .map(map)
         .batch_size(32)
         .shuffle(1234)
@@ -70,12 +86,14 @@ fn first_indices(batch: &candle_wick::Batch) -> Vec<u64> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let mixture = all.iter().any(|a| a == "--mixture");
+    let args: Vec<&String> = all.iter().filter(|a| *a != "--mixture").collect();
     let arg = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
     let (Some(n), Some(rank), Some(world)) = (arg(0), arg(1), arg(2)) else {
-        return Err("usage: scale-order N RANK WORLD [RESUME_WORLD]".into());
+        return Err("usage: scale-order N RANK WORLD [RESUME_WORLD] [--mixture]".into());
     };
-    let mut loader = builder(n, rank, world).build()?;
+    let mut loader = builder(n, rank, world, mixture).build()?;
     let mut epoch = loader.epoch(3);
     let batches = epoch.len();
     let first = epoch.next().ok_or("an epoch with no batch")??;
@@ -97,7 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         state.samples = (32 * world) as u64;
         drop(loader);
         let t = Instant::now();
-        let mut resumed = builder(n, rank % resume_world, resume_world)
+        let mut resumed = builder(n, rank % resume_world, resume_world, mixture)
             .resume(state)
             .build()?;
         let mut epoch = resumed.next_epoch();

@@ -3,6 +3,8 @@
 //! through a buffer ([`stream`]). Both give a [`sampler::Plan`]: which
 //! samples make each batch of an epoch, a pure function of `(seed, epoch)`.
 
+pub(crate) mod blend;
+pub(crate) mod blocks;
 pub(crate) mod permute;
 pub(crate) mod ranks;
 pub(crate) mod sampler;

@@ -1,7 +1,7 @@
 //! The order of an epoch: shuffling, sharding across ranks, batching, resume.
 
 use super::permute::Permutation;
-use crate::contract::Source;
+use crate::contract::{EpochOrder, Source};
 use crate::error::{Error, Result};
 use crate::rng::Purpose;
 
@@ -174,7 +174,7 @@ enum Batches {
     /// part of stretch `k` of `before` (shuffled within itself by
     /// `within`'s key when set), of the epoch's order.
     Computed {
-        order: std::sync::Arc<EpochOrder>,
+        order: std::sync::Arc<GlobalOrder>,
         len: usize,
         /// `(rank, world_size)`.
         rank: (usize, usize),
@@ -274,23 +274,29 @@ impl Plan {
 
 /// An epoch's global order, asked position by position.
 #[derive(Debug)]
-enum EpochOrder {
+enum GlobalOrder {
     /// The source order.
     Identity,
     /// The keyed permutation of `(seed, epoch)`.
     Keyed(Permutation),
     /// The order the source gave ([`Source::begin_epoch`]), cut or
-    /// repeated to the sampler's length, indices wrapped below it.
-    Given(Vec<usize>),
+    /// repeated to the sampler's length `len`, indices wrapped below it.
+    Given {
+        order: std::sync::Arc<dyn EpochOrder>,
+        len: usize,
+    },
 }
 
-impl EpochOrder {
+impl GlobalOrder {
     /// The source index at position `pos` (below the length).
     fn at(&self, pos: usize) -> usize {
         match self {
-            EpochOrder::Identity => pos,
-            EpochOrder::Keyed(p) => p.at(pos as u64) as usize,
-            EpochOrder::Given(order) => order[pos],
+            GlobalOrder::Identity => pos,
+            GlobalOrder::Keyed(p) => p.at(pos as u64) as usize,
+            GlobalOrder::Given { order, len } => match order.len() {
+                0 => 0,
+                n => order.at(pos % n) % len,
+            },
         }
     }
 }
@@ -410,12 +416,15 @@ impl Sampler {
     /// is not `len` indices below `len`.
     pub(crate) fn ordered_by(mut self, source: std::sync::Arc<dyn Source>) -> Result<Self> {
         if let Some(order) = source.begin_epoch(self.seed, 0) {
-            if order.len() != self.len || order.iter().any(|&i| i >= self.len) {
+            // The length, and the first and last positions (the order is
+            // not walked: it may be a billion long).
+            let ends = (0..order.len().min(64)).chain(order.len().saturating_sub(64)..order.len());
+            let bad = ends.map(|p| order.at(p)).find(|&i| i >= self.len);
+            if order.len() != self.len || bad.is_some() {
                 return Err(Error::InvalidConfig(format!(
-                    "the source's epoch order has {} indices (up to {:?}); it must give {} \
-                     indices below {}",
+                    "the source's epoch order has {} positions (one gives index {bad:?}); it \
+                     must give {} indices below {}",
                     order.len(),
-                    order.iter().max(),
                     self.len,
                     self.len
                 )));
@@ -428,25 +437,26 @@ impl Sampler {
     /// The epoch's global order: the source order or its `(seed, epoch)`
     /// permutation, or the order the source gives (cut or repeated to
     /// `len`, indices wrapped below it, should a later epoch's not fit).
-    fn epoch_order(&self, epoch: u64) -> EpochOrder {
+    fn epoch_order(&self, epoch: u64) -> GlobalOrder {
         if let Some(order) = self
             .ordered_by
             .as_ref()
             .and_then(|s| s.begin_epoch(self.seed, epoch))
         {
-            let n = order.len().max(1);
-            let at = |i: usize| order.get(i % n).map_or(0, |&o| o % self.len);
-            return EpochOrder::Given((0..self.len).map(at).collect());
+            return GlobalOrder::Given {
+                order,
+                len: self.len,
+            };
         }
         match self.seed {
-            Some(seed) => EpochOrder::Keyed(Permutation::new(
+            Some(seed) => GlobalOrder::Keyed(Permutation::new(
                 self.len as u64,
                 seed,
                 epoch,
                 Purpose::Shuffle,
                 0,
             )),
-            None => EpochOrder::Identity,
+            None => GlobalOrder::Identity,
         }
     }
 
@@ -462,9 +472,9 @@ impl Sampler {
     /// [`check_from`](Self::check_from) refuses, or one at or past the end,
     /// plans no batch.
     ///
-    /// Nothing of size `len` is made (but for a source that gives its own
-    /// order, which is `len` long): a batch's indices are computed when it
-    /// is asked for ([`Plan::batch`]), at this rank's positions only.
+    /// Nothing of size `len` is made: a batch's indices are computed when
+    /// it is asked for ([`Plan::batch`]), at this rank's positions only
+    /// (of the source's own order too, when it gives one).
     pub(crate) fn plan(&self, epoch: u64, from: u64) -> Plan {
         let from = (from as usize).min(self.len);
         let mut stretches = self

@@ -11,7 +11,9 @@
 mod memory;
 mod mixture;
 
-pub use crate::contract::{Damage, Parts, Record, RecordStream, ShardInfo, Source, Value};
+pub use crate::contract::{
+    Damage, EpochOrder, Parts, Record, RecordStream, ShardInfo, Source, Value,
+};
 pub use crate::formats::hf_cache::{cached_snapshot, hf_hub_cache};
 pub use crate::formats::images::{FileList, ImageFolder, ImageMaskFolders};
 #[cfg(feature = "parquet")]

@@ -33,9 +33,10 @@ mod meta;
 
 pub use hub::{hub_files, HubFiles, HubLayout, HubOptions};
 
-use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
+use crate::contract::{check_index, reads_through, EpochOrder, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
+use crate::order::blocks::BlockShuffle;
 use crate::read::jobs::Jobs;
 use crate::rng::{keyed_rng, Purpose};
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -630,8 +631,9 @@ impl Source for Parquet {
     }
 
     /// The block shuffle: row groups permuted, rows shuffled within each
-    /// window of `shuffle_window` row groups.
-    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Vec<usize>> {
+    /// window of `shuffle_window` row groups, computed position by
+    /// position (a few words a row group, nothing a row).
+    fn begin_epoch(&self, seed: Option<u64>, epoch: u64) -> Option<Arc<dyn EpochOrder>> {
         let groups = self.group_order(seed, epoch);
         let following = epoch.checked_add(1).map(|next| (seed, next));
         {
@@ -643,18 +645,13 @@ impl Source for Parquet {
                 plan.epoch = Some((seed, epoch));
             }
         }
-        let Some(seed) = seed else {
-            return Some((0..self.len()).collect());
-        };
-        let mut order = Vec::with_capacity(self.len());
-        for (w, window) in groups.chunks(self.inner.opts.shuffle_window).enumerate() {
-            let start = order.len();
-            for &g in window {
-                order.extend(self.inner.starts[g]..self.inner.starts[g + 1]);
-            }
-            let mut rng = keyed_rng(seed, epoch, Purpose::BlockShuffle, 1 + w as u64);
-            order[start..].shuffle(&mut rng);
-        }
-        Some(order)
+        Some(Arc::new(BlockShuffle::new(
+            &self.inner.starts,
+            groups,
+            self.inner.opts.shuffle_window,
+            seed,
+            epoch,
+            Purpose::BlockShuffle,
+        )))
     }
 }
