@@ -154,7 +154,24 @@ fn apportion(weights: &[f64], counts: &mut [u64], p: u64) {
     if raised.iter().sum::<u64>() <= p {
         counts.copy_from_slice(&raised);
     }
-    for _ in counts.iter().sum::<u64>()..p {
+    let rest = p - counts.iter().sum::<u64>();
+    let behind = |d: usize, c: &[u64]| quota(d) - c[d] as f64;
+    let mut open: Vec<usize> = (0..counts.len()).filter(|&d| weights[d] > 0.0).collect();
+    if rest as usize <= open.len() {
+        // Each of the `rest` furthest behind once (sorted, not searched
+        // `rest` times: a block costs `k log k` for `k` members).
+        open.sort_by(|&a, &b| {
+            let (a_, b_) = (behind(a, counts), behind(b, counts));
+            b_.partial_cmp(&a_)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
+        for &d in &open[..rest as usize] {
+            counts[d] += 1;
+        }
+        return;
+    }
+    for _ in 0..rest {
         let mut best: Option<(usize, f64)> = None;
         for (d, &c) in counts.iter().enumerate() {
             let behind = quota(d) - c as f64;
