@@ -337,6 +337,18 @@ impl ObjectCache {
         crate::sync::lock(&self.downloading).remove(&key);
     }
 
+    /// The path the directory would give object `key`, without a
+    /// directory `None`. A file there is counted in the directory's bytes
+    /// and evicted like the others (deleted under a reader, it stays
+    /// readable to that reader).
+    pub(crate) fn path_of(&self, key: &str) -> Option<PathBuf> {
+        Some(
+            crate::sync::lock(self.disk.as_ref()?)
+                .dir
+                .join(file_name(key)),
+        )
+    }
+
     /// The file of object `key` (`len` bytes) in the directory, open,
     /// written by `fetch` (to a new temporary path) when missing; `None`
     /// without a directory or when the object is over its limit.

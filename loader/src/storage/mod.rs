@@ -566,6 +566,51 @@ pub(crate) fn map_file(
     Ok((file, bytes, map))
 }
 
+/// [`map_file`] of a file read a range at a time (a token file): a
+/// remote object of more than two chunks (32 MiB each) is mapped from a
+/// local copy that ranged GETs fill as reads reach it, shared by the
+/// node's processes through the remote cache's directory
+/// (`remote/chunks.rs`): call [`Chunks::ensure`] on a range before reading
+/// it. Anything else is mapped as [`map_file`] maps it, with no `Chunks`.
+pub(crate) fn map_by_range(
+    path: &Path,
+) -> Result<(File, u64, memmap2::Mmap, Option<std::sync::Arc<Chunks>>)> {
+    #[cfg(feature = "remote")]
+    if is_url(path) {
+        if let Some((file, chunks)) = Chunks::open(url_of(path))? {
+            let size = chunks.size();
+            let len = usize::try_from(size).map_err(|_| Error::Dataset {
+                path: path.to_path_buf(),
+                reason: format!("{size} bytes cannot be mapped on this machine"),
+                source: None,
+            })?;
+            // SAFETY: as in `map_file`: read-only, every access
+            // bounds-checked against the map's length (the object's
+            // bytes; the chunk marks after them are not mapped). The file
+            // is written in place only where no reader reads: a chunk is
+            // read only after `ensure` finds it written, and it is not
+            // written again.
+            let map =
+                unsafe { memmap2::MmapOptions::new().len(len).map(&file) }.map_err(|source| {
+                    Error::Io {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                })?;
+            return Ok((file, size, map, Some(chunks)));
+        }
+    }
+    let (file, bytes, map) = map_file(path, None)?;
+    Ok((file, bytes, map, None))
+}
+
+/// Sets the bytes of a chunk that [`map_by_range`] fetches (tests: small
+/// objects read in chunks). Process-wide.
+#[doc(hidden)]
+pub fn __set_chunk_bytes(bytes: u64) {
+    remote::chunks::set_chunk_bytes(bytes);
+}
+
 /// Writes the local file `local` as the object at `url` (one PUT, or a
 /// multipart upload for a large file); the error names the URL.
 pub(crate) fn upload(local: &Path, url: &Path) -> Result<()> {
@@ -584,6 +629,7 @@ pub(crate) fn list_all(url: &str, opened: &[&str]) -> Result<Vec<String>> {
 }
 
 /// Runs `f` with each URL prefix listed at most once on this thread.
+pub(crate) use remote::chunks::Chunks;
 pub(crate) use remote::one_listing;
 
 /// The objects a URL names: itself when its name ends with one of

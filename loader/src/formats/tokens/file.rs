@@ -134,6 +134,9 @@ pub struct TokenFile {
     start: usize,
     len: usize,
     layout: TokenLayout,
+    /// A large remote object's local copy, filled by range: the chunks a
+    /// read touches are fetched before it reads them.
+    chunks: Option<std::sync::Arc<crate::storage::Chunks>>,
 }
 
 impl TokenFile {
@@ -156,7 +159,11 @@ impl TokenFile {
             reason,
             source: None,
         };
-        let (file, bytes, map) = crate::storage::map_file(path, None)?;
+        let (file, bytes, map, chunks) = crate::storage::map_by_range(path)?;
+        if let Some(c) = &chunks {
+            // The header's bytes, the most the layout checks read.
+            c.ensure(0..bytes.min(4 * LLMC_HEADER_INTS as u64))?;
+        }
         // Guarded before the header is read.
         let guard = crate::storage::mmap::Guard::new(&map);
         let layout = layout.unwrap_or(match map.get(..4) {
@@ -230,6 +237,7 @@ impl TokenFile {
             start,
             len,
             layout,
+            chunks,
         })
     }
 
@@ -410,7 +418,11 @@ impl TokenFile {
             });
         };
         let ty = self.token_type();
-        let bytes = &self.map[self.start + ty.size() * first..self.start + ty.size() * end];
+        let range = self.start + ty.size() * first..self.start + ty.size() * end;
+        if let Some(c) = &self.chunks {
+            c.ensure(range.start as u64..range.end as u64)?;
+        }
+        let bytes = &self.map[range];
         self.guarded_read(bytes, |bytes| ty.widen(bytes, out))?
             .map_err(|i| Error::Dataset {
                 path: self.path.clone(),
@@ -433,7 +445,13 @@ impl TokenFile {
             return;
         }
         let w = self.token_type().size();
-        let Some(bytes) = self.map.get(self.start + w * first..self.start + w * end) else {
+        let range = self.start + w * first..self.start + w * end;
+        if let Some(c) = &self.chunks {
+            if !c.has(range.start as u64..range.end as u64) {
+                return;
+            }
+        }
+        let Some(bytes) = self.map.get(range) else {
             return;
         };
         for line in bytes.chunks(64) {

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+pub(crate) mod chunks;
 mod runtime;
 mod stores;
 mod upload;
@@ -225,6 +226,12 @@ impl Object {
                 self.download(cache, download);
             }
         }
+        self.fetch_range(range)
+    }
+
+    /// Bytes `range` of the object in one ranged GET of the version the
+    /// open saw, past any cache.
+    pub(crate) fn fetch_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
         let (s, p) = (self.store.clone(), self.path.clone());
         let options = self.require(GetOptions::new().with_range(Some(range.clone())));
         backoff_wait(&self.root);

@@ -1,0 +1,110 @@
+//! A large token file in object storage is read by range, chunk by chunk,
+//! into one local file that a node's processes share through the cache
+//! directory: a rank's first window costs one chunk, not the corpus, and a
+//! second reader of the node fetches nothing the first fetched. (Its own
+//! test binary: the chunk size it sets is process-wide.)
+
+use candle_wick::source::TokenFile;
+use candle_wick::storage::{__set_chunk_bytes, set_cache, RemoteCache};
+use tests::ObjectServer;
+
+/// 64 KiB chunks; a 2 MB file of 10^6 u16 tokens holds 31.
+const CHUNK: u64 = 64 << 10;
+
+/// The remote cache is process-wide: the tests take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn tokens() -> Vec<u16> {
+    (0..1_000_000u32).map(|i| (i * 7 % 65_521) as u16).collect()
+}
+
+/// The GETs of `path` the server saw since entry `from` of its log.
+fn gets(server: &ObjectServer, from: usize, path: &str) -> usize {
+    let want = format!("GET {path} ");
+    server.log()[from..]
+        .iter()
+        .filter(|l| l.starts_with(&want))
+        .count()
+}
+
+fn window(f: &TokenFile, first: usize) -> Vec<u32> {
+    let mut out = vec![0u32; 2048];
+    f.read_into(first, &mut out).unwrap();
+    out
+}
+
+fn want(tokens: &[u16], first: usize) -> Vec<u32> {
+    tokens[first..first + 2048]
+        .iter()
+        .map(|&t| u32::from(t))
+        .collect()
+}
+
+#[test]
+fn a_large_token_file_is_read_by_chunk_and_shared_through_the_cache_directory() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    __set_chunk_bytes(CHUNK);
+    let server = ObjectServer::start();
+    let tokens = tokens();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    server.put("/corpus/big.bin", bytes.clone());
+    let url = server.url("/corpus/big.bin");
+    let dir = tempfile::tempdir().unwrap();
+    set_cache(&RemoteCache::memory(0).disk(dir.path(), 1 << 30)).unwrap();
+
+    // Opening checks the header: the first chunk only.
+    let (log, sent) = (server.log().len(), server.bytes_sent());
+    let a = TokenFile::open(&url).unwrap();
+    assert_eq!(a.len(), tokens.len());
+    assert_eq!(gets(&server, log, "/corpus/big.bin"), 1);
+    assert_eq!(server.bytes_sent() - sent, CHUNK);
+
+    // A window deep in the file: one more chunk (tokens 600,000.. are
+    // bytes 1,200,000.., inside chunk 18).
+    let log = server.log().len();
+    assert_eq!(window(&a, 600_000), want(&tokens, 600_000));
+    assert_eq!(gets(&server, log, "/corpus/big.bin"), 1);
+    // A window across two chunks (bytes 131,000..135,096 span 1 and 2):
+    // two more.
+    let log = server.log().len();
+    assert_eq!(window(&a, 65_500), want(&tokens, 65_500));
+    assert_eq!(gets(&server, log, "/corpus/big.bin"), 2);
+
+    // Another reader of the node (another open, as another rank would)
+    // finds those chunks in the directory's file: no GET for them.
+    let log = server.log().len();
+    let b = TokenFile::open(&url).unwrap();
+    for first in [0, 600_000, 65_500] {
+        assert_eq!(window(&b, first), want(&tokens, first));
+    }
+    assert_eq!(gets(&server, log, "/corpus/big.bin"), 0);
+
+    // Every token, read by both: each chunk fetched once in all, so the
+    // bytes sent are the file's once.
+    let sent = server.bytes_sent();
+    for first in (0..tokens.len() - 2048).step_by(2048) {
+        assert_eq!(window(&a, first), want(&tokens, first), "at {first}");
+        assert_eq!(window(&b, first), want(&tokens, first), "at {first}");
+    }
+    let total = server.bytes_sent() - sent;
+    assert_eq!(total, bytes.len() as u64 - 4 * CHUNK);
+}
+
+/// Without a cache directory, each process fills a temporary copy of its
+/// own, by chunk all the same.
+#[test]
+fn without_a_directory_a_process_reads_by_chunk_alone() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    __set_chunk_bytes(CHUNK);
+    let server = ObjectServer::start();
+    let tokens = tokens();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    server.put("/alone/big.bin", bytes);
+    set_cache(&RemoteCache::default()).unwrap();
+    let url = server.url("/alone/big.bin");
+    let log = server.log().len();
+    let f = TokenFile::open(&url).unwrap();
+    assert_eq!(window(&f, 900_000), want(&tokens, 900_000));
+    assert_eq!(window(&f, 900_100), want(&tokens, 900_100));
+    assert_eq!(gets(&server, log, "/alone/big.bin"), 2);
+}
