@@ -160,7 +160,11 @@ impl Chunks {
         if mark[0] != 1 {
             let start = i as u64 * self.chunk;
             let end = (start + self.chunk).min(self.size);
-            let bytes = self.object.fetch_range(start..end)?;
+            // Bounded by progress, as a whole download is: a chunk on a
+            // slow link takes as long as it takes while bytes come.
+            let object = self.object.clone();
+            let bytes =
+                super::block_on(async move { object.fetch_span(start..end, None, true).await })??;
             write_at(&self.file, &bytes, start).map_err(io(&self.path))?;
             // The bytes reach the disk before their mark: a crash between
             // leaves the chunk unmarked, fetched again.

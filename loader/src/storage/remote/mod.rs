@@ -231,7 +231,7 @@ impl Object {
 
     /// Bytes `range` of the object in one ranged GET of the version the
     /// open saw, past any cache.
-    pub(crate) fn fetch_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
+    fn fetch_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
         let (s, p) = (self.store.clone(), self.path.clone());
         let options = self.require(GetOptions::new().with_range(Some(range.clone())));
         backoff_wait(&self.root);
@@ -364,11 +364,24 @@ impl Object {
 
     /// The whole object (the version the open saw), written to `file` (a
     /// new file: never one another process writes) as it comes, and its
-    /// bytes when they are kept (`keep`). Bounded by progress, not time: a
-    /// body cut off or stalled after bytes came is asked for again from
-    /// where it stopped; a request that brings no byte fails, naming the
-    /// URL. The file is synced to disk before this returns.
+    /// bytes when they are kept (`keep`): [`fetch_span`](Self::fetch_span)
+    /// of all of it.
     async fn fetch_whole(&self, file: Option<std::path::PathBuf>, keep: bool) -> Result<Bytes> {
+        self.fetch_span(0..self.len, file, keep).await
+    }
+
+    /// Bytes `span` of the object (the version the open saw), written to
+    /// `file` (a new file: never one another process writes) as they come,
+    /// and returned when they are kept (`keep`). Bounded by progress, not
+    /// time: a body cut off or stalled after bytes came is asked for again
+    /// from where it stopped; a request that brings no byte fails, naming
+    /// the URL. The file is synced to disk before this returns.
+    pub(crate) async fn fetch_span(
+        &self,
+        span: std::ops::Range<u64>,
+        file: Option<std::path::PathBuf>,
+        keep: bool,
+    ) -> Result<Bytes> {
         use std::io::Write;
         let url = self.url.to_string();
         let (store, path) = store_for(&url, Use::Whole)?;
@@ -394,10 +407,10 @@ impl Object {
         };
         let mut kept = Vec::new();
         let mut pending: Vec<u8> = Vec::new();
-        let mut got = 0u64;
-        while got < self.len {
+        let mut got = span.start;
+        while got < span.end {
             let before = got;
-            let options = self.require(GetOptions::new().with_range(Some(got..self.len)));
+            let options = self.require(GetOptions::new().with_range(Some(got..span.end)));
             let attempt: std::result::Result<(), object_store::Error> = async {
                 let response = store.get_opts(&path, options).await?;
                 self.same_version(&response.meta).map_err(|e| {
@@ -409,7 +422,7 @@ impl Object {
                 let mut stream = response.into_stream();
                 while let Some(chunk) = stream.try_next().await? {
                     got += chunk.len() as u64;
-                    if got > self.len {
+                    if got > span.end {
                         return Err(object_store::Error::Generic {
                             store: "wick",
                             source: "the object grew while it was read".into(),
@@ -435,10 +448,14 @@ impl Object {
             }
             .await;
             match attempt {
-                Ok(()) if got < self.len => {
+                Ok(()) if got < span.end => {
                     return Err(Error::Remote {
                         url,
-                        reason: format!("read {got} of {} bytes (the object changed?)", self.len),
+                        reason: format!(
+                            "read {} of {} bytes (the object changed?)",
+                            got - span.start,
+                            span.end - span.start
+                        ),
                         transient: false,
                         source: "short body".into(),
                     })
