@@ -198,10 +198,23 @@ pub fn rrc_u8_loader(dir: &Path, workers: usize) -> candle_wick::Loader {
 /// This process's peak resident memory (`VmHWM` of `/proc/self/status`),
 /// in MB; 0 where there is no such file.
 pub fn peak_rss_mb() -> f64 {
+    status_mb("VmHWM:")
+}
+
+/// This process's private resident memory now (`RssAnon` of
+/// `/proc/self/status`: the heap and stacks, not the pages of mapped
+/// files, which the page cache shares between processes), in MB; 0 where
+/// there is no such file.
+pub fn anon_rss_mb() -> f64 {
+    status_mb("RssAnon:")
+}
+
+/// The line of `/proc/self/status` starting with `key`, in MB.
+fn status_mb(key: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(key))
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }

@@ -11,15 +11,27 @@
 //! token file was before ranged chunks. Prints, for each open and first
 //! window, the GETs, the bytes sent and the seconds, and the process's
 //! peak RSS (`VmHWM`; the server holds the file in memory, counted too).
+//!
+//! `scale-tokens megatron DOCS` writes a local Megatron prefix of `DOCS`
+//! documents of 4 `u16` tokens (one sequence each), opens it with packed
+//! windows and with windows inside documents, reads a window of each,
+//! and prints the `.idx`'s size, the private memory (`RssAnon`) each
+//! open added (what a rank holds per document, apart from the page
+//! cache's shared pages of the mapped files) and the time of a window
+//! read at a million scattered positions.
 
-use benches::peak_rss_mb;
-use candle_wick::source::TokenFile;
+use benches::{anon_rss_mb, peak_rss_mb};
+use candle_wick::source::{DocumentWindows, Megatron, Source, TokenFile};
 use candle_wick::storage::{__set_chunk_bytes, set_cache, RemoteCache};
 use std::time::Instant;
 use tests::ObjectServer;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("megatron") {
+        let docs = args.get(1).and_then(|a| a.parse().ok());
+        return megatron(docs.ok_or("usage: scale-tokens megatron DOCS")?);
+    }
     let mb: u64 = args
         .first()
         .and_then(|a| a.parse().ok())
@@ -60,6 +72,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             server.bytes_sent() - sent,
             t.elapsed().as_secs_f64()
         );
+    }
+    println!("peak_rss_mb {:.1}", peak_rss_mb());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The `megatron DOCS` mode (see the module's documentation).
+fn megatron(docs: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("wick-scale-megatron-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let prefix = dir.join("corpus");
+    let mut bin = std::io::BufWriter::new(std::fs::File::create(prefix.with_extension("bin"))?);
+    for d in 0..docs {
+        for t in 0..4u64 {
+            bin.write_all(&(((d + t) % 65_521) as u16).to_le_bytes())?;
+        }
+    }
+    bin.flush()?;
+    let mut idx = std::io::BufWriter::new(std::fs::File::create(prefix.with_extension("idx"))?);
+    idx.write_all(b"MMIDIDX\0\0")?;
+    idx.write_all(&1u64.to_le_bytes())?;
+    idx.write_all(&[8])?;
+    idx.write_all(&docs.to_le_bytes())?;
+    idx.write_all(&(docs + 1).to_le_bytes())?;
+    for _ in 0..docs {
+        idx.write_all(&4i32.to_le_bytes())?;
+    }
+    for d in 0..docs {
+        idx.write_all(&((d * 8) as i64).to_le_bytes())?;
+    }
+    for d in 0..=docs {
+        idx.write_all(&(d as i64).to_le_bytes())?;
+    }
+    idx.flush()?;
+    drop(idx);
+    let idx_bytes = std::fs::metadata(prefix.with_extension("idx"))?.len();
+    println!("{docs} documents, .idx {idx_bytes} bytes");
+    let kinds = [
+        ("packed", DocumentWindows::Packed { eos: None }),
+        (
+            "within documents",
+            DocumentWindows::WithinDocument { pad: 0 },
+        ),
+    ];
+    for (name, windows) in kinds {
+        let (before, t) = (anon_rss_mb(), Instant::now());
+        let corpus = Megatron::open([&prefix], 3, windows)?;
+        let mut out = [0u32; 4];
+        corpus.read_window(corpus.len() - 1, &mut out)?;
+        let added = anon_rss_mb() - before;
+        let opened = t.elapsed().as_secs_f64();
+        // A million windows at scattered positions (a multiplicative
+        // stride), as a shuffled epoch reads them.
+        let (reads, n, t) = (1_000_000u64, corpus.len() as u64, Instant::now());
+        for i in 0..reads {
+            corpus.read_window((i * 2_654_435_761 % n) as usize, &mut out)?;
+        }
+        println!(
+            "{name}: open + last window {opened:.3} s, private memory added {added:.1} MB ({:.2} B a document), {:.0} ns a scattered window",
+            added * 1048576.0 / docs as f64,
+            t.elapsed().as_secs_f64() * 1e9 / reads as f64
+        );
+        drop(corpus);
     }
     println!("peak_rss_mb {:.1}", peak_rss_mb());
     let _ = std::fs::remove_dir_all(&dir);

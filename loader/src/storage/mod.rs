@@ -566,6 +566,45 @@ pub(crate) fn map_file(
     Ok((file, bytes, map))
 }
 
+/// Bytes read in place: a mapped file, or this process's own copy.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// Bytes in this process's memory.
+    Heap(Vec<u8>),
+    /// A mapped file, read-only and shared with every process that maps
+    /// it (a node's ranks, through a local file or the node's cache
+    /// directory), guarded against a truncation while it is read (the
+    /// guard goes before the mapping).
+    Mapped(mmap::Guard, memmap2::Mmap),
+}
+
+impl Backing {
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Heap(b) => b,
+            Backing::Mapped(_, map) => map,
+        }
+    }
+
+    /// Whether the mapped file was cut short while mapped: what was read
+    /// from it since is zeros, not the file.
+    pub(crate) fn damaged(&self) -> bool {
+        matches!(self, Backing::Mapped(guard, _) if guard.damaged())
+    }
+}
+
+/// [`map_file`] read in place: mapped and guarded against a cut while
+/// mapped when a guard is free (4,096 at once, token files included),
+/// else copied into memory.
+pub(crate) fn map_backed(path: &Path, known: Option<(u64, &str)>) -> Result<Backing> {
+    let (_file, _bytes, map) = map_file(path, known)?;
+    Ok(match mmap::Guard::try_new(&map) {
+        Some(guard) => Backing::Mapped(guard, map),
+        None => Backing::Heap(map.to_vec()),
+    })
+}
+
 /// [`map_file`] of a file read a range at a time (a token file): a
 /// remote object of more than two chunks (32 MiB each) is mapped from a
 /// local copy that ranged GETs fill as reads reach it, shared by the

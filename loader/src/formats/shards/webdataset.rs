@@ -3,7 +3,7 @@
 //! another in the archive.
 
 use super::manifest::{self, IndexedWith, Listed};
-use super::webdataset_index::{Backing, IndexBuilder, Member, ShardIndex, SIDECAR_SUFFIX};
+use super::webdataset_index::{IndexBuilder, Member, ShardIndex, SIDECAR_SUFFIX};
 use super::{ShardOptions, ShardSet};
 use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
@@ -294,17 +294,12 @@ fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> 
     let sidecar = sidecar_path(path);
     let tag = format!("crc32c-{:08x}", listed.index_crc);
     let known = Some((listed.index_bytes, tag.as_str()));
-    let (_file, bytes, map) = crate::storage::map_file(&sidecar, known)?;
-    if bytes != listed.index_bytes || ShardIndex::checksum(&map) != listed.index_crc {
+    let backing = crate::storage::map_backed(&sidecar, known)?;
+    let map = backing.bytes();
+    if map.len() as u64 != listed.index_bytes || ShardIndex::checksum(map) != listed.index_crc {
         let what = format!("the shard's index is not the one the manifest lists: {again}");
         return Err(shard_error(&sidecar, 0, what));
     }
-    // Mapped and guarded against a cut while mapped, when a guard is
-    // free (4,096 at once, token files included); else copied.
-    let backing = match crate::storage::mmap::Guard::try_new(&map) {
-        Some(guard) => Backing::Mapped(guard, map),
-        None => Backing::Heap(map.to_vec()),
-    };
     let index = ShardIndex::parse(backing, len).map_err(|c| shard_error(&sidecar, 0, c))?;
     if index.len() as u64 != listed.records {
         let what = format!(

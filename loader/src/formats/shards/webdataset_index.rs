@@ -19,7 +19,7 @@
 //! panic or a read outside the shard.
 
 use crate::error::Cause;
-use crate::storage::mmap::Guard;
+use crate::storage::Backing;
 
 /// The ending a shard's sidecar adds to the shard's name.
 pub(crate) const SIDECAR_SUFFIX: &str = ".wickidx";
@@ -145,27 +145,6 @@ impl IndexBuilder {
     }
 }
 
-/// The bytes an index is read from: built in memory, or its sidecar file
-/// mapped read-only (shared with every process that maps it: a node's
-/// ranks, through a local shard's sidecar or the node's cache directory).
-#[derive(Debug)]
-pub(crate) enum Backing {
-    /// Bytes in this process's memory.
-    Heap(Vec<u8>),
-    /// A mapped file, guarded against a truncation while it is read
-    /// (the guard goes before the mapping).
-    Mapped(Guard, memmap2::Mmap),
-}
-
-impl Backing {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Heap(b) => b,
-            Backing::Mapped(_, map) => map,
-        }
-    }
-}
-
 /// Where each array starts in an index's bytes.
 #[derive(Debug, Default, Clone, Copy)]
 struct Sections {
@@ -259,7 +238,7 @@ impl ShardIndex {
     /// Whether the index's mapped file was cut short while mapped (what
     /// was read from it since is zeros, not the file).
     pub(crate) fn damaged(&self) -> bool {
-        matches!(&self.backing, Backing::Mapped(guard, _) if guard.damaged())
+        self.backing.damaged()
     }
 
     /// Bytes of this process's memory the index holds (a mapped file's

@@ -26,19 +26,36 @@
 //! `n`). A document is the sequences between two boundaries (one
 //! sequence a document unless the corpus was split into sentences).
 //!
-//! The `.idx` is read once, in chunks, and what the windows need is kept:
-//! 8 bytes a document (16 for [`DocumentWindows::WithinDocument`]). The
-//! `.bin` is memory-mapped as a [`TokenFile`], with its guard against a
-//! truncation while it is read.
+//! The `.idx` is read in place: memory-mapped (from the remote cache's
+//! directory for a URL, so a node's ranks share one copy in the page
+//! cache), checked in one pass that keeps nothing per sequence, and a
+//! document's first token read from its arrays when a window needs it
+//! (the offset of the document's first sequence). Nothing grows with the
+//! documents in the process's memory but, for
+//! [`DocumentWindows::WithinDocument`], the windows before every 64th
+//! document (a window's document is found from the nearest by counting
+//! on through the starts). Both files are guarded against a truncation
+//! while they are mapped: a read through a cut `.idx` is an error naming
+//! it. The `.bin` is memory-mapped as a [`TokenFile`].
 
 use super::{window_key, window_record};
 use super::{TokenFile, TokenLayout, TokenType};
 use crate::contract::{check_index, reads_through, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
 use crate::formats::{DatasetKind, Format};
-use std::io::Read;
+use crate::storage::Backing;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// Documents between two of the window counts kept for
+/// [`DocumentWindows::WithinDocument`] (8 bytes every 64 documents).
+const STRIDE: usize = 64;
+
+/// Windows of `seq_len + 1` tokens inside document `d`.
+fn doc_windows(starts: &Starts, d: usize, seq_len: usize) -> u64 {
+    let len = starts.get(d + 1).saturating_sub(starts.get(d));
+    len.saturating_sub(1).div_ceil(seq_len as u64)
+}
 
 /// The `.idx` magic.
 const MAGIC: &[u8; 9] = b"MMIDIDX\0\0";
@@ -122,10 +139,13 @@ struct Corpus {
     /// The prefix as given, for keys and errors.
     name: String,
     bin: TokenFile,
-    /// The first token of each document, then the token count.
-    starts: Vec<u64>,
-    /// [`DocumentWindows::WithinDocument`]: the windows before each
-    /// document, then the corpus's windows. Empty when packed.
+    /// The first token of each document, then the token count, read from
+    /// the `.idx` in place.
+    starts: Starts,
+    /// [`DocumentWindows::WithinDocument`]: the windows before every
+    /// [`STRIDE`]-th document (a window's document is found from the
+    /// nearest one by counting on through at most `STRIDE` documents'
+    /// starts). Empty when packed.
     windows_before: Vec<u64>,
     /// Windows in the corpus.
     windows: usize,
@@ -186,7 +206,7 @@ impl Megatron {
 
     /// Documents, over every prefix.
     pub fn documents(&self) -> usize {
-        self.inner.corpora.iter().map(|c| c.starts.len() - 1).sum()
+        self.inner.corpora.iter().map(Corpus::documents).sum()
     }
 
     /// Tokens, over every prefix.
@@ -228,6 +248,9 @@ impl Megatron {
     /// Asks the CPU to start loading window `index`'s tokens (a hint).
     pub(crate) fn prefetch(&self, index: usize) {
         if let Ok((corpus, k)) = self.locate(index) {
+            if corpus.starts.bytes.damaged() {
+                return;
+            }
             let (first, _) = corpus.place(k, self.inner.seq_len, self.inner.windows);
             corpus.bin.prefetch(first as usize, self.inner.seq_len + 1);
         }
@@ -249,7 +272,7 @@ impl Corpus {
         let (idx_path, bin_path) = (with(".idx"), with(".bin"));
         let index = read_index(&idx_path)?;
         let bin = TokenFile::open_as(&bin_path, TokenLayout::Raw(index.ty))?;
-        let tokens = *index.starts.last().expect("at least the end");
+        let tokens = index.starts.total;
         if bin.len() as u64 != tokens {
             return Err(Error::Dataset {
                 path: bin_path,
@@ -263,21 +286,21 @@ impl Corpus {
             });
         }
         let starts = index.starts;
-        let docs = starts.len() - 1;
+        let docs = starts.documents();
         let (windows_before, count) = match windows {
             DocumentWindows::Packed { eos } => {
                 let stream = tokens + if eos.is_some() { docs as u64 } else { 0 };
                 (Vec::new(), stream.saturating_sub(1) / seq_len as u64)
             }
             DocumentWindows::WithinDocument { .. } => {
-                let mut before = Vec::with_capacity(docs + 1);
+                let mut before = Vec::with_capacity(docs / STRIDE + 1);
                 let mut total = 0u64;
                 for d in 0..docs {
-                    before.push(total);
-                    let len = starts[d + 1] - starts[d];
-                    total += len.saturating_sub(1).div_ceil(seq_len as u64);
+                    if d % STRIDE == 0 {
+                        before.push(total);
+                    }
+                    total += doc_windows(&starts, d, seq_len);
                 }
-                before.push(total);
                 (before, total)
             }
         };
@@ -296,7 +319,7 @@ impl Corpus {
     }
 
     fn documents(&self) -> usize {
-        self.starts.len() - 1
+        self.starts.documents()
     }
 
     /// Where window `k` starts: its first position (a token of the `.bin`;
@@ -307,9 +330,23 @@ impl Corpus {
             DocumentWindows::Packed { .. } => (k as u64 * seq_len as u64, 0),
             DocumentWindows::WithinDocument { .. } => {
                 let k = k as u64;
-                let d = self.windows_before.partition_point(|&b| b <= k) - 1;
-                let off = (k - self.windows_before[d]) * seq_len as u64;
-                (self.starts[d] + off, d)
+                let j = self.windows_before.partition_point(|&b| b <= k) - 1;
+                let (mut d, mut before) = (j * STRIDE, self.windows_before[j]);
+                // At most `STRIDE` documents on (bounded also when a
+                // damaged `.idx` reads as zeros: the read reports it).
+                let last = (d + STRIDE).min(self.documents()) - 1;
+                let mut start = self.starts.get(d);
+                while d < last {
+                    let end = self.starts.get(d + 1);
+                    let n = end.saturating_sub(start).saturating_sub(1);
+                    let n = n.div_ceil(seq_len as u64);
+                    if k < before + n {
+                        break;
+                    }
+                    (before, start, d) = (before + n, end, d + 1);
+                }
+                let off = k.saturating_sub(before) * seq_len as u64;
+                (start + off, d)
             }
         }
     }
@@ -322,22 +359,28 @@ impl Corpus {
         windows: DocumentWindows,
         out: &mut [u32],
     ) -> Result<usize> {
+        // A damaged mapping is not read again (each fault costs mappings).
+        self.starts.check()?;
         let (first, d) = self.place(k, seq_len, windows);
-        match windows {
+        let n = match windows {
             DocumentWindows::Packed { eos: None } => {
                 self.bin.read_into(first as usize, out)?;
-                Ok(out.len())
+                out.len()
             }
             DocumentWindows::Packed { eos: Some(eos) } => {
                 self.read_with_eos(first, eos, out)?;
-                Ok(out.len())
+                out.len()
             }
             DocumentWindows::WithinDocument { .. } => {
-                let n = (self.starts[d + 1] - first).min(out.len() as u64) as usize;
-                self.bin.read_into(first as usize, &mut out[..n])?;
-                Ok(n)
+                let n = (self.starts.get(d + 1).saturating_sub(first)).min(out.len() as u64);
+                self.bin.read_into(first as usize, &mut out[..n as usize])?;
+                n as usize
             }
-        }
+        };
+        // Positions read from a `.idx` cut while mapped are zeros: the
+        // window may be the wrong tokens.
+        self.starts.check()?;
+        Ok(n)
     }
 
     /// Fills `out` from position `pos` of the stream in which `eos`
@@ -349,7 +392,7 @@ impl Corpus {
         let (mut lo, mut hi) = (0, docs);
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
-            if self.starts[mid] + mid as u64 <= pos {
+            if self.starts.get(mid) + mid as u64 <= pos {
                 lo = mid;
             } else {
                 hi = mid;
@@ -360,13 +403,13 @@ impl Corpus {
             if d >= docs {
                 return Err(self.past_end(pos));
             }
-            let doc_start = self.starts[d] + d as u64;
-            let len = self.starts[d + 1] - self.starts[d];
-            let off = pos - doc_start;
+            let (start, end) = (self.starts.get(d), self.starts.get(d + 1));
+            let len = end.saturating_sub(start);
+            let off = pos.saturating_sub(start + d as u64);
             if off < len {
                 let n = ((len - off) as usize).min(out.len() - at);
                 self.bin
-                    .read_into((self.starts[d] + off) as usize, &mut out[at..at + n])?;
+                    .read_into((start + off) as usize, &mut out[at..at + n])?;
                 at += n;
                 pos += n as u64;
             } else {
@@ -392,17 +435,75 @@ impl Corpus {
         match windows {
             DocumentWindows::Packed { .. } => window_key(&self.name, first as usize),
             DocumentWindows::WithinDocument { .. } => {
-                format!("{}#doc{d}@{}", self.name, first - self.starts[d])
+                let off = first.saturating_sub(self.starts.get(d));
+                format!("{}#doc{d}@{off}", self.name)
             }
         }
     }
 }
 
-/// What a `.idx` says, checked: the tokens' type and each document's
-/// first token, then the token count.
+/// What a `.idx` says, checked: the tokens' type and where each
+/// document starts.
 struct Index {
     ty: TokenType,
-    starts: Vec<u64>,
+    starts: Starts,
+}
+
+/// Each document's first token, then the token count, read from a
+/// checked `.idx`'s arrays in place: document `d` starts at the offset of
+/// its first sequence (its boundary), in tokens, or at the end when that
+/// boundary is the sequence count (a document of no sequences at the end).
+#[derive(Debug)]
+struct Starts {
+    bytes: Backing,
+    /// The `.idx`, for errors.
+    path: PathBuf,
+    /// Sequences.
+    sequences: usize,
+    /// Document boundaries (documents + 1).
+    bounds: usize,
+    /// Bytes a token.
+    item: u64,
+    /// Tokens in every sequence.
+    total: u64,
+}
+
+impl Starts {
+    /// Little-endian `u64` number `i` of the array at byte `base`.
+    fn u64_at(&self, base: usize, i: usize) -> u64 {
+        let at = base + 8 * i;
+        let b = &self.bytes.bytes()[at..at + 8];
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    }
+
+    /// Documents.
+    fn documents(&self) -> usize {
+        self.bounds - 1
+    }
+
+    /// Document `d`'s first token; for `d` = the documents, the tokens.
+    fn get(&self, d: usize) -> u64 {
+        let pointers = HEADER as usize + 4 * self.sequences;
+        let bounds = pointers + 8 * self.sequences;
+        let seq = self.u64_at(bounds, d) as usize;
+        if seq >= self.sequences {
+            return self.total;
+        }
+        self.u64_at(pointers, seq) / self.item
+    }
+
+    /// An error when the `.idx` was cut short while mapped (what was read
+    /// from it since is zeros).
+    fn check(&self) -> Result<()> {
+        if !self.bytes.damaged() {
+            return Ok(());
+        }
+        Err(Error::Dataset {
+            path: self.path.clone(),
+            reason: "the index was cut short while it was read: its arrays are gone".into(),
+            source: None,
+        })
+    }
 }
 
 /// The type Megatron's `DType` code stands for.
@@ -424,54 +525,43 @@ fn token_type(code: u8) -> std::result::Result<TokenType, String> {
     })
 }
 
-/// Reads and checks `path`, a Megatron `.idx` (a URL's object fetched to
-/// a local copy first).
+/// Maps and checks `path`, a Megatron `.idx` (a URL's object fetched to
+/// a local copy first: the remote cache's directory keeps it for the
+/// node's other processes and later runs).
 fn read_index(path: &Path) -> Result<Index> {
-    if crate::storage::is_url(path) {
-        return parse_index(path, crate::storage::local_copy(path)?);
-    }
-    let file = std::fs::File::open(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_index(path, file)
+    parse_index(path, crate::storage::map_backed(path, None)?)
 }
 
-/// Parses the `.idx` in `file` (named `path` in errors).
-fn parse_index(path: &Path, file: std::fs::File) -> Result<Index> {
+/// Checks the `.idx` in `bytes` (named `path` in errors) in one pass over
+/// its arrays, keeping nothing per sequence.
+fn parse_index(path: &Path, bytes: Backing) -> Result<Index> {
     let bad = |reason: String| Error::Dataset {
         path: path.to_path_buf(),
         reason,
         source: None,
     };
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let size = file.metadata().map_err(io)?.len();
+    let b = bytes.bytes();
+    let size = b.len() as u64;
     if size < HEADER {
         return Err(bad(format!(
             "{size} bytes cannot hold a Megatron index's {HEADER}-byte header"
         )));
     }
-    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut header = [0u8; HEADER as usize];
-    r.read_exact(&mut header).map_err(io)?;
-    if &header[..9] != MAGIC {
+    if &b[..9] != MAGIC {
         return Err(bad(format!(
             "starts {:?}, not Megatron's {:?}: not a Megatron index",
-            String::from_utf8_lossy(&header[..9]),
+            String::from_utf8_lossy(&b[..9]),
             String::from_utf8_lossy(MAGIC)
         )));
     }
-    let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
     let version = u64_at(9);
     if version != 1 {
         return Err(bad(format!(
             "index version {version}: only version 1 is read"
         )));
     }
-    let ty = token_type(header[17]).map_err(bad)?;
+    let ty = token_type(b[17]).map_err(bad)?;
     let (n, m) = (u64_at(18), u64_at(26));
     // Multimodal indexes end with a mode byte per sequence.
     let arrays = n
@@ -491,117 +581,63 @@ fn parse_index(path: &Path, file: std::fs::File) -> Result<Index> {
             "no document boundary: the first one, 0, is always written".into(),
         ));
     }
+    // The arrays fit in the mapped bytes, so their counts fit in usize.
     let (n, m) = (n as usize, m as usize);
     let item = ty.size() as u64;
+    let (lengths, pointers) = (HEADER as usize, HEADER as usize + 4 * n);
+    let bounds = pointers + 8 * n;
 
-    // Lengths (kept while the boundaries are read), then the offsets,
-    // each checked against the lengths before it.
-    let mut lengths = Vec::with_capacity(n);
-    each_le::<4>(&mut r, n, |i, b| {
-        let len = i32::from_le_bytes(b);
-        let len = u32::try_from(len).map_err(|_| format!("sequence {i} has length {len}"))?;
-        lengths.push(len);
-        Ok(())
-    })
-    .map_err(|e| e.into_error(path))?;
+    // Each offset against the lengths before it.
     let mut expected = 0u64;
-    each_le::<8>(&mut r, n, |i, b| {
-        let pointer = i64::from_le_bytes(b);
+    for i in 0..n {
+        let len = i32::from_le_bytes(b[lengths + 4 * i..][..4].try_into().expect("4"));
+        let len = u32::try_from(len).map_err(|_| bad(format!("sequence {i} has length {len}")))?;
+        let pointer = i64::from_le_bytes(b[pointers + 8 * i..][..8].try_into().expect("8"));
         if u64::try_from(pointer) != Ok(expected * item) {
-            return Err(format!(
+            return Err(bad(format!(
                 "sequence {i} starts at byte {pointer} of the .bin; after the lengths before \
                  it, byte {} (the builder writes sequences back to back)",
                 expected * item
-            ));
+            )));
         }
-        expected += u64::from(lengths[i]);
-        Ok(())
-    })
-    .map_err(|e| e.into_error(path))?;
+        expected += u64::from(len);
+    }
 
-    // Boundaries: from 0, never decreasing, ending at `n`; each
-    // document's first token from the lengths.
-    let mut starts = Vec::with_capacity(m);
-    let (mut seq, mut token, mut last) = (0usize, 0u64, 0u64);
-    each_le::<8>(&mut r, m, |i, b| {
-        let at = i64::from_le_bytes(b);
+    // Boundaries: from 0, never decreasing, ending at `n`.
+    let mut last = 0u64;
+    for i in 0..m {
+        let at = i64::from_le_bytes(b[bounds + 8 * i..][..8].try_into().expect("8"));
         let at = u64::try_from(at)
             .ok()
             .filter(|&a| a >= last && a <= n as u64)
             .ok_or_else(|| {
-                format!(
+                bad(format!(
                     "document boundary {i} is sequence {at}: boundaries run from 0 to the {n} \
                      sequences, never decreasing"
-                )
+                ))
             })?;
         if i == 0 && at != 0 {
-            return Err(format!("the first document boundary is {at}, not 0"));
-        }
-        while (seq as u64) < at {
-            token += u64::from(lengths[seq]);
-            seq += 1;
+            return Err(bad(format!("the first document boundary is {at}, not 0")));
         }
         last = at;
-        starts.push(token);
-        Ok(())
-    })
-    .map_err(|e| e.into_error(path))?;
+    }
     if last != n as u64 {
         return Err(bad(format!(
             "the last document boundary is sequence {last}, not the end ({n}): sequences past \
              it belong to no document"
         )));
     }
+    let starts = Starts {
+        bytes,
+        path: path.to_path_buf(),
+        sequences: n,
+        bounds: m,
+        item,
+        total: expected,
+    };
+    // Read through a mapping cut meanwhile: zeros, not the file.
+    starts.check()?;
     Ok(Index { ty, starts })
-}
-
-/// Why an array of a `.idx` is refused: a read error or a bad value.
-enum ArrayError {
-    Io(std::io::Error),
-    Bad(String),
-}
-
-impl From<String> for ArrayError {
-    fn from(s: String) -> Self {
-        ArrayError::Bad(s)
-    }
-}
-
-impl ArrayError {
-    fn into_error(self, path: &Path) -> Error {
-        match self {
-            ArrayError::Io(source) => Error::Io {
-                path: path.to_path_buf(),
-                source,
-            },
-            ArrayError::Bad(reason) => Error::Dataset {
-                path: path.to_path_buf(),
-                reason,
-                source: None,
-            },
-        }
-    }
-}
-
-/// Reads `count` little-endian values of `N` bytes from `r` in chunks,
-/// calling `each(i, bytes)` for each.
-fn each_le<const N: usize>(
-    r: &mut impl Read,
-    count: usize,
-    mut each: impl FnMut(usize, [u8; N]) -> std::result::Result<(), String>,
-) -> std::result::Result<(), ArrayError> {
-    let mut chunk = vec![0u8; N * 8192];
-    let mut i = 0;
-    while i < count {
-        let take = (count - i).min(8192);
-        r.read_exact(&mut chunk[..take * N])
-            .map_err(ArrayError::Io)?;
-        for b in chunk[..take * N].chunks_exact(N) {
-            each(i, b.try_into().expect("N bytes"))?;
-            i += 1;
-        }
-    }
-    Ok(())
 }
 
 /// Megatron indexed datasets in the format table: `PREFIX.idx` (found by

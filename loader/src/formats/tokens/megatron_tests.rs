@@ -185,3 +185,58 @@ fn a_bad_index_or_bin_is_an_error_naming_the_file() {
         "{text}"
     );
 }
+
+/// The `.idx` is read in place: cut short while it is mapped, a window
+/// whose document lies past the cut is an error naming the index, never
+/// tokens read at zeroed offsets (or a crash), and the damaged mapping is
+/// not read again.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_index_cut_while_mapped_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let many: Vec<Vec<Vec<u16>>> = (0..2000u16).map(|d| vec![vec![d, d, d]]).collect();
+    let p = write(dir.path(), "c", &many, |_| {});
+    let m = Megatron::open([&p], 2, DocumentWindows::WithinDocument { pad: 0 }).unwrap();
+    assert_eq!(m.len(), 2000);
+    let mut out = vec![0; 3];
+    assert_eq!(m.read_window(1999, &mut out).unwrap(), 3);
+    assert_eq!(out, [1999; 3]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(p.with_extension("idx"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let e = m.read_window(1999, &mut out).unwrap_err().to_string();
+    assert!(e.contains("c.idx") && e.contains("cut short"), "{e}");
+    let e = m.read_window(3, &mut out).unwrap_err().to_string();
+    assert!(e.contains("c.idx") && e.contains("cut short"), "{e}");
+}
+
+/// Windows inside documents over many strides of documents of every
+/// length (empty and single-token ones give none) are the documents'
+/// windows in order, as counting through every document gives them.
+#[test]
+fn windows_inside_many_documents_are_found_from_the_kept_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let many: Vec<Vec<Vec<u16>>> = (0..1500u16)
+        .map(|d| match d % 9 {
+            8 => vec![],
+            n => vec![(0..n).map(|t| d.wrapping_mul(7).wrapping_add(t)).collect()],
+        })
+        .collect();
+    let p = write(dir.path(), "c", &many, |_| {});
+    let seq_len = 2;
+    let mut want = Vec::new();
+    for doc in &many {
+        let tokens: Vec<u32> = doc.iter().flatten().map(|&t| u32::from(t)).collect();
+        let mut at = 0;
+        while at + 1 < tokens.len() {
+            want.push(tokens[at..(at + seq_len + 1).min(tokens.len())].to_vec());
+            at += seq_len;
+        }
+    }
+    let m = Megatron::open([&p], seq_len, DocumentWindows::WithinDocument { pad: 0 }).unwrap();
+    assert_eq!(m.documents(), 1500);
+    assert_eq!(windows(&m), want);
+}
