@@ -344,3 +344,55 @@ fn shards_opened_at_once_keep_their_order_and_damage() {
         }
     }
 }
+
+/// A WebDataset no manifest lists, in object storage, with a cache
+/// directory, is indexed once a node: four opens at once (threads
+/// standing for a node's ranks; each holds its lock files open on its
+/// own, as a process does) read each shard about once between them, not
+/// once each, and see the same samples; an open started later reads no
+/// shard byte, and its samples read as a local copy's.
+#[test]
+fn a_node_indexes_an_unlisted_webdataset_once() {
+    use candle_wick::source::WebDataset;
+    let _serial = serial();
+    let server = tests::ObjectServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut total = 0u64;
+    let mut locals = Vec::new();
+    for s in 0..8 {
+        let bytes = tests::wds_bytes(s * 40, 40, 3_000);
+        total += bytes.len() as u64;
+        let local = dir.path().join(format!("s-{s}.tar"));
+        std::fs::write(&local, &bytes).unwrap();
+        locals.push(local);
+        server.put(&format!("/wds/s-{s}.tar"), bytes);
+    }
+    let urls: Vec<String> = (0..8)
+        .map(|s| server.url(&format!("/wds/s-{s}.tar")))
+        .collect();
+    set_cache(&RemoteCache::memory(0).disk(dir.path().join("cache"), 1 << 30)).unwrap();
+    let keys = |w: &WebDataset| (0..w.len()).map(|i| w.key(i)).collect::<Vec<_>>();
+    let sent = server.bytes_sent();
+    let opened: Vec<Vec<String>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| keys(&WebDataset::open(&urls).unwrap())))
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let read = server.bytes_sent() - sent;
+    assert_eq!(opened[0].len(), 320);
+    assert!(opened.iter().all(|k| *k == opened[0]), "the same samples");
+    assert!(
+        read < total * 3 / 2,
+        "four opens read {read} bytes of shards of {total}: more than once each"
+    );
+    let sent = server.bytes_sent();
+    let late = WebDataset::open(&urls).unwrap();
+    assert_eq!(server.bytes_sent() - sent, 0, "a later open reads no shard");
+    let local = WebDataset::open(&locals).unwrap();
+    for i in [0, 39, 40, 200, 319] {
+        let (a, b) = (late.read(i).unwrap(), local.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "sample {i}");
+    }
+    set_cache(&RemoteCache::default()).unwrap();
+}

@@ -16,6 +16,14 @@
 //! the first batch, the time to each, and the process's peak RSS
 //! (`VmHWM`; the server reads each file from disk per request and holds
 //! none). `benches/scale.sh` runs the matrix.
+//!
+//! `scale-open node DIR RANKS [alone]` serves `DIR` without its manifest
+//! and opens the shards in `RANKS` threads at once, standing for the
+//! ranks of one node (each holds its lock files on its own, as processes
+//! do), with one cache directory (`alone`: none, each indexing every
+//! shard), then once more after them (a rank started late). It prints
+//! the requests and body bytes of the node's opens, as a multiple of the
+//! shards' bytes, and of the late one.
 
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
@@ -154,10 +162,81 @@ fn run(
     Ok(())
 }
 
+/// The `node` mode (see the module's documentation).
+fn node(dir: &Path, ranks: usize, alone: bool) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::storage::{set_cache, RemoteCache};
+    let server = ObjectServer::start();
+    server.put_dir("/ds", dir);
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.ends_with(".tar").then_some(name)
+        })
+        .collect();
+    names.sort();
+    let shard_bytes: u64 = names
+        .iter()
+        .map(|n| std::fs::metadata(dir.join(n)).map_or(0, |m| m.len()))
+        .sum();
+    let urls: Vec<PathBuf> = names
+        .iter()
+        .map(|n| PathBuf::from(server.url(&format!("/ds/{n}"))))
+        .collect();
+    let cache = std::env::temp_dir().join(format!("wick-scale-node-{}", std::process::id()));
+    if !alone {
+        set_cache(&RemoteCache::memory(0).disk(&cache, 1 << 40))?;
+    }
+    let t = Instant::now();
+    let lens = std::thread::scope(|s| {
+        let opens: Vec<_> = (0..ranks)
+            .map(|_| s.spawn(|| WebDataset::open(&urls).map(|w| candle_wick::Source::len(&w))))
+            .collect();
+        opens
+            .into_iter()
+            .map(|o| o.join().expect("an open thread"))
+            .collect::<candle_wick::Result<Vec<_>>>()
+    })?;
+    let took = t.elapsed().as_secs_f64();
+    if lens.iter().any(|&n| n != lens[0]) {
+        return Err(format!("the ranks saw different sample counts: {lens:?}").into());
+    }
+    let (requests, bytes) = counts(&server);
+    println!(
+        "{} shards ({:.1} MB), {ranks} ranks of a node, {}: {requests} requests, {bytes} bytes \
+         ({:.2}x the shards), {took:.2} s",
+        urls.len(),
+        shard_bytes as f64 / 1e6,
+        if alone {
+            "no cache directory"
+        } else {
+            "one cache directory"
+        },
+        bytes as f64 / shard_bytes as f64
+    );
+    let t = Instant::now();
+    WebDataset::open(&urls)?;
+    let (r, b) = counts(&server);
+    println!(
+        "a rank started later: {} requests, {} bytes, {:.2} s",
+        r - requests,
+        b - bytes,
+        t.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
-    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream]";
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone]";
+    if args.first().map(String::as_str) == Some("node") {
+        let (Some(dir), Some(ranks)) = (args.get(1), num(2)) else {
+            return Err(usage.into());
+        };
+        let alone = args.get(3).map(String::as_str) == Some("alone");
+        return node(Path::new(dir), ranks, alone);
+    }
     if args.first().map(String::as_str) == Some("make") {
         let (Some(dir), Some(shards), Some(samples)) = (args.get(1), num(2), num(3)) else {
             return Err(usage.into());

@@ -140,6 +140,26 @@ pub(crate) struct Download {
     pub(crate) keep: bool,
 }
 
+/// An object's lock file, as [`ObjectCache::lock_object`] found it.
+enum Locked {
+    /// Held by this process until the file drops.
+    Held(File),
+    /// Held by another process.
+    Busy,
+}
+
+/// What [`ObjectCache::claim`] found of a file that one process of the
+/// node makes for all of them.
+pub(crate) enum Claim {
+    /// The file, made: open.
+    Ready(File),
+    /// The lock, held by this process (until the file drops), which makes
+    /// the file.
+    Mine(File),
+    /// Another process holds the lock.
+    Busy,
+}
+
 /// A cache of whole remote objects, in memory and on disk.
 pub(crate) struct ObjectCache {
     config: RemoteCache,
@@ -367,11 +387,11 @@ impl ObjectCache {
         // for it and take its file. The lock is the kernel's (`flock`),
         // released when its holder ends, so a rank that dies mid-download
         // leaves none held.
-        if let Some(file) = self.adopt(key, len) {
+        if let Some(file) = self.adopt(key, Some(len)) {
             return Some(Ok(file));
         }
-        let _lock = self.lock_object(key);
-        if let Some(file) = self.adopt(key, len) {
+        let _lock = self.lock_object(key, true);
+        if let Some(file) = self.adopt(key, Some(len)) {
             return Some(Ok(file));
         }
         let tmp = self.download_path(key, len)?;
@@ -390,16 +410,17 @@ impl ObjectCache {
     }
 
     /// The object's file if the directory holds it whole (written by
-    /// another process since this one listed it), taken into this
-    /// process's table.
-    fn adopt(&self, key: &str, len: u64) -> Option<File> {
+    /// another process since this one listed it; of `len` bytes when
+    /// given), taken into this process's table.
+    fn adopt(&self, key: &str, len: Option<u64>) -> Option<File> {
         let name = file_name(key);
         let path = crate::sync::lock(self.disk.as_ref()?).dir.join(&name);
         let file = File::open(&path).ok()?;
         let meta = file.metadata().ok()?;
-        if meta.len() != len {
+        if len.is_some_and(|len| meta.len() != len) {
             return None;
         }
+        let len = meta.len();
         let mut d = crate::sync::lock(self.disk.as_ref()?);
         let now = now_ns();
         let entry = OnDisk {
@@ -412,10 +433,11 @@ impl ObjectCache {
     }
 
     /// Holds object `key`'s lock file in the directory (`<name>.lock`,
-    /// `flock` exclusive) until the guard drops; `None` where it cannot be
-    /// taken (no directory, no `flock`): each process then downloads its
-    /// own copy, as before.
-    fn lock_object(&self, key: &str) -> Option<File> {
+    /// `flock` exclusive) until the guard drops, waiting for another
+    /// holder when `wait` (else [`Locked::Busy`] while there is one);
+    /// `None` where it cannot be taken (no directory, no `flock`): each
+    /// process then makes its own copy, as before.
+    fn lock_object(&self, key: &str, wait: bool) -> Option<Locked> {
         let path = crate::sync::lock(self.disk.as_ref()?)
             .dir
             .join(format!("{}.lock", file_name(key)));
@@ -428,16 +450,70 @@ impl ObjectCache {
         #[cfg(unix)]
         {
             use std::os::fd::AsRawFd;
+            let op = if wait {
+                libc::LOCK_EX
+            } else {
+                libc::LOCK_EX | libc::LOCK_NB
+            };
             // SAFETY: flock takes an open descriptor this function owns
             // (`file`, alive until the guard drops) and an operation flag.
-            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
-            locked.then_some(file)
+            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+                return Some(Locked::Held(file));
+            }
+            let busy = std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock;
+            (busy && !wait).then_some(Locked::Busy)
         }
         #[cfg(not(unix))]
         {
+            let _ = wait;
             drop(file);
             None
         }
+    }
+
+    /// The file that one process of the node makes under `key` for all
+    /// of them (a shard's index made by reading the shard): there
+    /// already; else its lock, taken by this process, which then makes it
+    /// and [`publish`](Self::publish)es it (or drops the lock, and the
+    /// next process to take it makes it); else, when another process
+    /// holds the lock, [`Claim::Busy`] or, when `wait`, its file once it
+    /// is published. The lock is the kernel's (`flock`), released when its
+    /// holder ends, so a process that dies while making the file holds
+    /// no one up, and one started late finds the file. `None` without a
+    /// directory or `flock`.
+    pub(crate) fn claim(&self, key: &str, wait: bool) -> Option<Claim> {
+        if let Some(file) = self.adopt(key, None) {
+            return Some(Claim::Ready(file));
+        }
+        match self.lock_object(key, wait)? {
+            Locked::Busy => Some(Claim::Busy),
+            Locked::Held(lock) => Some(match self.adopt(key, None) {
+                Some(file) => Claim::Ready(file),
+                None => Claim::Mine(lock),
+            }),
+        }
+    }
+
+    /// Writes `bytes` as `key`'s file in the directory (a temporary file,
+    /// synced, renamed into place), for a process holding its
+    /// [`Claim::Mine`]; nothing when they are over the directory's limit.
+    pub(crate) fn publish(&self, key: &str, bytes: &[u8]) -> crate::error::Result<()> {
+        use std::io::Write;
+        let len = bytes.len() as u64;
+        let Some(tmp) = self.download_path(key, len) else {
+            return Ok(());
+        };
+        let written = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_data()));
+        if let Err(source) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(crate::error::Error::Io { path: tmp, source });
+        }
+        self.store_file(key, &tmp, len);
+        Ok(())
     }
 
     /// Keeps a whole object read anyway (a sample file's GET).

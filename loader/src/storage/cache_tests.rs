@@ -224,3 +224,43 @@ fn the_ranks_of_a_node_download_an_object_once() {
     late.file("tokens.bin", 100_000, fetch).unwrap().unwrap();
     assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A file the node makes once ([`ObjectCache::claim`]): the first
+/// process takes its lock; another asking meanwhile is told it is busy,
+/// or, waiting, gets the lock once the first lets it go without
+/// publishing (as when it dies: the kernel drops its `flock`), and makes
+/// the file itself; once published, every process (one made later
+/// included) finds it, whatever its length.
+#[test]
+fn a_file_the_node_makes_once_is_claimed_by_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        cache(0, Some((dir.path(), 1 << 30))),
+        cache(0, Some((dir.path(), 1 << 30))),
+    );
+    let Some(Claim::Mine(lock)) = a.claim("index", false) else {
+        panic!("the first claim takes the lock");
+    };
+    assert!(matches!(b.claim("index", false), Some(Claim::Busy)));
+    // A waiting claim waits for the holder, which ends without the file.
+    let waited = std::thread::scope(|s| {
+        let w = s.spawn(|| b.claim("index", true));
+        std::thread::sleep(Duration::from_millis(100));
+        drop(lock);
+        w.join().unwrap()
+    });
+    let Some(Claim::Mine(lock)) = waited else {
+        panic!("the waiting claim takes the lock its holder let go");
+    };
+    b.publish("index", b"made once").unwrap();
+    drop(lock);
+    for c in [&a, &b, &cache(0, Some((dir.path(), 1 << 30)))] {
+        let Some(Claim::Ready(mut f)) = c.claim("index", false) else {
+            panic!("a published file is found");
+        };
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+        assert_eq!(got, b"made once");
+    }
+    assert!(cache(0, None).claim("index", true).is_none());
+}

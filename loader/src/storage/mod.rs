@@ -393,7 +393,7 @@ impl BlobReader {
             Some(next) if at >= next.0 && at < next.1 => (next.0, next.2.wait()?),
             _ => {
                 let end = (at + self.span).min(self.len);
-                (at, o.get_range(at..end)?)
+                (at, o.read_range(at..end, false)?)
             }
         };
         self.span = (self.span * 2).min(WINDOW);
@@ -405,7 +405,7 @@ impl BlobReader {
         if end < self.len {
             // Read ahead: the next window comes while this one is used.
             let next_end = (end + self.span).min(self.len);
-            self.next = Some((end, next_end, o.start_range(end..next_end)));
+            self.next = Some((end, next_end, o.start_range(end..next_end, false)));
         }
         Ok((end - at) as usize)
     }
@@ -551,19 +551,25 @@ pub(crate) fn map_file(
     } else {
         local::open_shard(path)?
     };
+    let map = map_open(path, &file)?;
+    Ok((file, bytes, map))
+}
+
+/// Maps the open `file` (named `path` in errors) read-only.
+fn map_open(path: &Path, file: &File) -> Result<memmap2::Mmap> {
     // SAFETY: the map is read-only and every access is bounds-checked
     // against its length. That is sound only while no one writes the file
     // in place, which this module cannot enforce (a concurrent write
     // changes bytes behind `&[u8]`): the callers' docs state the contract. A
-    // remote object's copy is a file no writer has open (the cache renames
+    // remote object's copy, or a file the node's processes share through
+    // the cache directory, is a file no writer has open (the cache renames
     // a finished, synced file into place, or it is a deleted temporary).
     // A truncation is SIGBUS on the next read of a lost page, which the
     // mapping's guard (storage/mmap.rs) turns into zeros and an error on Linux.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+    unsafe { memmap2::Mmap::map(file) }.map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    Ok((file, bytes, map))
+    })
 }
 
 /// Bytes read in place: a mapped file, or this process's own copy.
@@ -579,6 +585,15 @@ pub(crate) enum Backing {
 }
 
 impl Backing {
+    /// `map`, guarded against a cut while mapped when a guard is free
+    /// (4,096 at once, token files included), else copied into memory.
+    fn of(map: memmap2::Mmap) -> Self {
+        match mmap::Guard::try_new(&map) {
+            Some(guard) => Backing::Mapped(guard, map),
+            None => Backing::Heap(map.to_vec()),
+        }
+    }
+
     /// The bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
@@ -594,15 +609,64 @@ impl Backing {
     }
 }
 
-/// [`map_file`] read in place: mapped and guarded against a cut while
-/// mapped when a guard is free (4,096 at once, token files included),
-/// else copied into memory.
+/// [`map_file`] read in place ([`Backing`]).
 pub(crate) fn map_backed(path: &Path, known: Option<(u64, &str)>) -> Result<Backing> {
     let (_file, _bytes, map) = map_file(path, known)?;
-    Ok(match mmap::Guard::try_new(&map) {
-        Some(guard) => Backing::Mapped(guard, map),
-        None => Backing::Heap(map.to_vec()),
-    })
+    Ok(Backing::of(map))
+}
+
+/// A file that one process of the node makes for all of them, in the
+/// remote cache's directory ([`node_file`]).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) enum NodeFile {
+    /// Made by a process of the node (this one, earlier, or another):
+    /// mapped.
+    Ready(Backing),
+    /// This process holds the file's lock (until the lock drops): it
+    /// makes the file and [`node_publish`]es it.
+    Mine(File),
+    /// Another process holds the lock (only when not waiting).
+    Busy,
+    /// No cache directory (or no `flock`): each process makes its own.
+    Alone,
+}
+
+/// The file the node's processes share under `key` (see
+/// [`NodeFile`]): there already; else this process's to make, its lock
+/// taken; else, while another process makes it, [`NodeFile::Busy`], or
+/// when `wait` the file once that process publishes it (or the lock,
+/// when it ended without). The lock is the kernel's, released when its
+/// holder ends: a process that dies making the file holds no one up, and
+/// one started late finds the file made.
+pub(crate) fn node_file(key: &str, wait: bool) -> Result<NodeFile> {
+    #[cfg(feature = "remote")]
+    if let Some(cache) = cache::current() {
+        use cache::Claim;
+        let Some(claim) = cache.claim(key, wait) else {
+            return Ok(NodeFile::Alone);
+        };
+        return Ok(match claim {
+            Claim::Ready(file) => {
+                let path = cache.path_of(key).unwrap_or_default();
+                NodeFile::Ready(Backing::of(map_open(&path, &file)?))
+            }
+            Claim::Mine(lock) => NodeFile::Mine(lock),
+            Claim::Busy => NodeFile::Busy,
+        });
+    }
+    let _ = (key, wait);
+    Ok(NodeFile::Alone)
+}
+
+/// Writes `bytes` as the node's file `key`, for the process holding its
+/// lock ([`NodeFile::Mine`]).
+pub(crate) fn node_publish(key: &str, bytes: &[u8]) -> Result<()> {
+    #[cfg(feature = "remote")]
+    if let Some(cache) = cache::current() {
+        return cache.publish(key, bytes);
+    }
+    let _ = (key, bytes);
+    Ok(())
 }
 
 /// [`map_file`] of a file read a range at a time (a token file): a

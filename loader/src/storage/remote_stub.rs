@@ -47,7 +47,11 @@ impl Object {
         match self.never {}
     }
 
-    pub(crate) fn start_range(&self, _range: std::ops::Range<u64>) -> Pending {
+    pub(crate) fn read_range(&self, _range: std::ops::Range<u64>, _fill: bool) -> Result<Vec<u8>> {
+        match self.never {}
+    }
+
+    pub(crate) fn start_range(&self, _range: std::ops::Range<u64>, _fill: bool) -> Pending {
         match self.never {}
     }
 

@@ -90,7 +90,7 @@ impl ParquetFile {
                     .iter()
                     .map(|r| {
                         self.count(r);
-                        o.start_range(r.clone())
+                        o.start_range(r.clone(), true)
                     })
                     .collect();
                 merged

@@ -156,7 +156,7 @@ impl WebDataset {
         if !unlisted.is_empty() {
             hint(&unlisted);
         }
-        let mut scanned = super::open_each(&unlisted, |path| scan(path, &opts)).into_iter();
+        let mut scanned = scan_each(&unlisted, &opts).into_iter();
         let mut set = ShardSet::default();
         let mut shards = Vec::with_capacity(paths.len());
         for (path, listed) in paths.into_iter().zip(listed) {
@@ -234,6 +234,12 @@ pub(crate) fn sidecar_path(path: &Path) -> PathBuf {
 /// Indexes shard `path` by reading its tar headers.
 pub(crate) fn scan(path: &Path, opts: &WebDatasetOptions) -> Result<Scanned> {
     let (blob, len) = Blob::open(path)?;
+    scan_blob(path, blob, len, opts)
+}
+
+/// Indexes shard `path`, open as `blob` (`len` bytes), by reading its
+/// tar headers.
+fn scan_blob(path: &Path, blob: Blob, len: u64, opts: &WebDatasetOptions) -> Result<Scanned> {
     let mut own = ShardSet::default();
     let index = index_shard(path, blob.reader(path, len), len, opts, &mut own)?;
     Ok(Scanned {
@@ -242,6 +248,81 @@ pub(crate) fn scan(path: &Path, opts: &WebDatasetOptions) -> Result<Scanned> {
         index,
         damage: own.damage,
     })
+}
+
+/// Indexes `paths` (shards no manifest lists), in their order: each by
+/// reading its tar headers, except that a shard in object storage, with
+/// a cache directory, is indexed once a node ([`scan_shared`]). The
+/// node's processes share the work: each first takes the shards no
+/// other is indexing, then waits for the others' (`open_each`: local
+/// shards on every core, remote ones 16 at a time).
+fn scan_each(paths: &[PathBuf], opts: &WebDatasetOptions) -> Vec<Result<Scanned>> {
+    let mut got = super::open_each(paths, |path| scan_shared(path, opts, false));
+    let busy: Vec<usize> = (0..paths.len())
+        .filter(|&i| matches!(got[i], Ok(None)))
+        .collect();
+    let waiting: Vec<PathBuf> = busy.iter().map(|&i| paths[i].clone()).collect();
+    let waited = super::open_each(&waiting, |path| scan_shared(path, opts, true));
+    for (i, r) in busy.into_iter().zip(waited) {
+        got[i] = r;
+    }
+    got.into_iter()
+        .zip(paths)
+        .map(|(r, path)| match r {
+            Ok(Some(s)) => Ok(s),
+            // Never busy when waiting; indexed here if it were.
+            Ok(None) => scan(path, opts),
+            Err(e) => Err(e),
+        })
+        .collect()
+}
+
+/// Indexes shard `path`, once a node when it is in object storage with
+/// an entity tag and the remote cache has a directory: the index is the
+/// node's file under the shard's URL, size, tag and the options, made by
+/// the one process that takes its lock and mapped by the others (see
+/// [`crate::storage::node_file`]). The shard is opened pinned to the tag
+/// the file is named by, so a shard rewritten since is refused by its
+/// store, never read through another version's index. A shard with
+/// damage is indexed by each process (its damage is not in the file).
+/// `Ok(None)`: another process is indexing it and `wait` is false.
+fn scan_shared(path: &Path, opts: &WebDatasetOptions, wait: bool) -> Result<Option<Scanned>> {
+    use crate::storage::NodeFile;
+    if !crate::storage::is_url(path) {
+        return scan(path, opts).map(Some);
+    }
+    let (blob, len) = Blob::open(path)?;
+    let Some(tag) = blob.version() else {
+        return scan_blob(path, blob, len, opts).map(Some);
+    };
+    let (blob, len) = Blob::open_listed(path, len, Some(&tag))?;
+    let key = format!(
+        "{}#{len}#{tag}#wickidx#{:?}",
+        path.display(),
+        indexed_with(opts)
+    );
+    match crate::storage::node_file(&key, wait)? {
+        NodeFile::Busy if !wait => Ok(None),
+        NodeFile::Ready(backing) => match ShardIndex::parse(backing, len) {
+            Ok(index) => Ok(Some(Scanned {
+                blob,
+                len,
+                index,
+                damage: Vec::new(),
+            })),
+            // Not a whole index of this shard: indexed here.
+            Err(_) => scan_blob(path, blob, len, opts).map(Some),
+        },
+        NodeFile::Mine(lock) => {
+            let s = scan_blob(path, blob, len, opts)?;
+            if s.damage.is_empty() {
+                crate::storage::node_publish(&key, s.index.as_bytes())?;
+            }
+            drop(lock);
+            Ok(Some(s))
+        }
+        NodeFile::Busy | NodeFile::Alone => scan_blob(path, blob, len, opts).map(Some),
+    }
 }
 
 /// An error when shard `path`'s mapped index file was cut short while

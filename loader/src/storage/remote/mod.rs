@@ -218,11 +218,19 @@ impl Object {
     /// GET of the version the open saw (and the whole object is fetched
     /// for the cache in the background, when one is set and fits it).
     pub(crate) fn get_range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
+        self.read_range(range, true)
+    }
+
+    /// [`Self::get_range`], starting the whole object's download for the
+    /// cache only when `fill`: a reader going front to back (an index
+    /// pass, a stream) reads every byte itself, and a download beside it
+    /// would fetch the object twice.
+    pub(crate) fn read_range(&self, range: std::ops::Range<u64>, fill: bool) -> Result<Bytes> {
         if let Some(cache) = super::cache::current() {
             if let Some(got) = cache.read(&self.key, self.len, range.clone()) {
                 return Ok(got);
             }
-            if let Some(download) = cache.want(&self.key, self.len) {
+            if let Some(download) = cache.want(&self.key, self.len).filter(|_| fill) {
                 self.download(cache, download);
             }
         }
@@ -329,16 +337,16 @@ impl Pending {
 }
 
 impl Object {
-    /// Starts reading bytes `range` (as [`Self::get_range`]) on an I/O
+    /// Starts reading bytes `range` (as [`Self::read_range`]) on an I/O
     /// thread, to wait for later.
-    pub(crate) fn start_range(&self, range: std::ops::Range<u64>) -> Pending {
+    pub(crate) fn start_range(&self, range: std::ops::Range<u64>, fill: bool) -> Pending {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let me = self.clone();
         match runtime() {
             Ok(rt) => {
                 // `get_range` blocks (on this runtime): off its workers.
                 drop(rt.spawn_blocking(move || {
-                    let _ = tx.send(me.get_range(range));
+                    let _ = tx.send(me.read_range(range, fill));
                 }));
             }
             Err(e) => {
