@@ -387,13 +387,11 @@ impl ObjectCache {
         // for it and take its file. The lock is the kernel's (`flock`),
         // released when its holder ends, so a rank that dies mid-download
         // leaves none held.
-        if let Some(file) = self.adopt(key, Some(len)) {
-            return Some(Ok(file));
-        }
-        let _lock = self.lock_object(key, true);
-        if let Some(file) = self.adopt(key, Some(len)) {
-            return Some(Ok(file));
-        }
+        let _lock = match self.claim_sized(key, Some(len), true) {
+            Some(Claim::Ready(file)) => return Some(Ok(file)),
+            Some(Claim::Mine(lock)) => Some(lock),
+            Some(Claim::Busy) | None => None,
+        };
         let tmp = self.download_path(key, len)?;
         if let Err(e) = fetch(&tmp) {
             let _ = std::fs::remove_file(&tmp);
@@ -482,12 +480,18 @@ impl ObjectCache {
     /// no one up, and one started late finds the file. `None` without a
     /// directory or `flock`.
     pub(crate) fn claim(&self, key: &str, wait: bool) -> Option<Claim> {
-        if let Some(file) = self.adopt(key, None) {
+        self.claim_sized(key, None, wait)
+    }
+
+    /// [`Self::claim`] of a file that counts as made only with `len`
+    /// bytes, when given.
+    fn claim_sized(&self, key: &str, len: Option<u64>, wait: bool) -> Option<Claim> {
+        if let Some(file) = self.adopt(key, len) {
             return Some(Claim::Ready(file));
         }
         match self.lock_object(key, wait)? {
             Locked::Busy => Some(Claim::Busy),
-            Locked::Held(lock) => Some(match self.adopt(key, None) {
+            Locked::Held(lock) => Some(match self.adopt(key, len) {
                 Some(file) => Claim::Ready(file),
                 None => Claim::Mine(lock),
             }),

@@ -51,9 +51,10 @@ use std::sync::Arc;
 /// [`DocumentWindows::WithinDocument`] (8 bytes every 64 documents).
 const STRIDE: usize = 64;
 
-/// Windows of `seq_len + 1` tokens inside document `d`.
-fn doc_windows(starts: &Starts, d: usize, seq_len: usize) -> u64 {
-    let len = starts.get(d + 1).saturating_sub(starts.get(d));
+/// Windows of `seq_len + 1` tokens inside a document of tokens
+/// `start..end`, `seq_len` apart.
+fn windows_between(start: u64, end: u64, seq_len: usize) -> u64 {
+    let len = end.saturating_sub(start);
     len.saturating_sub(1).div_ceil(seq_len as u64)
 }
 
@@ -299,7 +300,7 @@ impl Corpus {
                     if d % STRIDE == 0 {
                         before.push(total);
                     }
-                    total += doc_windows(&starts, d, seq_len);
+                    total += windows_between(starts.get(d), starts.get(d + 1), seq_len);
                 }
                 (before, total)
             }
@@ -338,8 +339,7 @@ impl Corpus {
                 let mut start = self.starts.get(d);
                 while d < last {
                     let end = self.starts.get(d + 1);
-                    let n = end.saturating_sub(start).saturating_sub(1);
-                    let n = n.div_ceil(seq_len as u64);
+                    let n = windows_between(start, end, seq_len);
                     if k < before + n {
                         break;
                     }
