@@ -182,6 +182,7 @@ pub use geometry::Size;
 pub use layout::{FloatType, NormalizeAt, Output, IMAGENET_MEAN, IMAGENET_STD};
 pub use order::ranks::Ranks;
 pub use order::sampler::Remainder;
+pub use order::shards::ShardBlocks;
 pub use order::stream::Interleave;
 pub use pipeline::{BadSamples, Batch, Epoch, Loader, LoaderBuilder, Skipped};
 pub use source::{open_path, Source};

@@ -24,6 +24,9 @@ pub(crate) enum Purpose {
     /// each window of row groups (index `1 + window`).
     #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     BlockShuffle = 7,
+    /// The shard-block shuffle's shard order (index 0) and each window's
+    /// shuffle (index `1 + (part << 32 ^ window)`).
+    ShardBlocks = 8,
 }
 
 /// The ChaCha8 stream for `(seed, epoch, purpose, index)`.

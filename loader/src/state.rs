@@ -273,7 +273,7 @@ impl LoaderState {
             });
         }
         let mut differences = self.identity.differences(identity);
-        let elastic = self.identity.mode == "random access" || self.samples == 0;
+        let elastic = self.identity.mode.starts_with("random access") || self.samples == 0;
         differences.retain(|d| !(elastic && d.starts_with("world size:")));
         // At an epoch's start nothing of the epoch was delivered: it
         // begins there under this build's order as well as under the one
@@ -285,7 +285,9 @@ impl LoaderState {
             .filter(|d| d.starts_with("order algorithms:"))
         {
             d.push_str(
-                " (the order of an epoch changed between the build that saved the state and                  this one: a state saved mid-epoch resumes only with a build of its order                  version; one saved at an epoch's start resumes here)",
+                " (the order of an epoch changed between the build that saved the state and \
+                 this one: a state saved mid-epoch resumes only with a build of its order \
+                 version; one saved at an epoch's start resumes here)",
             );
         }
         for d in differences

@@ -441,3 +441,15 @@ fn serve(conn: std::net::TcpStream, st: &ServerState) {
         }
     }
 }
+
+/// A map that writes each record's label as its one field, `v` (`u32`).
+pub fn label_map() -> impl candle_wick::map::Map {
+    use candle_wick::fields::{Field, FieldType};
+    candle_wick::map::map_fn(
+        vec![Field::new("v", FieldType::U32, &[])],
+        |s: &mut candle_wick::map::Sample<'_>| {
+            s.take::<u32>(0)?[0] = s.record().label;
+            Ok(())
+        },
+    )
+}

@@ -5,8 +5,7 @@
 //! every rank, so one saved by rank 0 resumes every rank; and
 //! `loader.epoch(e)` after a resume does not restart the saved epoch.
 
-use candle_wick::fields::{Field, FieldType};
-use candle_wick::map::{map_fn, Sample, TokenWindowsMap};
+use candle_wick::map::TokenWindowsMap;
 use candle_wick::source::{ImageFolder, MemorySource, Record, TokenFile, TokenSource, WindowOrder};
 use candle_wick::{BadSamples, Error, Loader, LoaderBuilder, LoaderState};
 use std::path::Path;
@@ -34,19 +33,9 @@ fn records(keys: &[&str]) -> Vec<Record> {
         .collect()
 }
 
-fn label_map() -> impl candle_wick::map::Map {
-    map_fn(
-        vec![Field::new("v", FieldType::U32, &[])],
-        |s: &mut Sample<'_>| {
-            s.take::<u32>(0)?[0] = s.record().label;
-            Ok(())
-        },
-    )
-}
-
 fn memory(keys: &[&str]) -> LoaderBuilder {
     Loader::builder(MemorySource::new(records(keys)))
-        .map(label_map())
+        .map(tests::label_map())
         .batch_size(2)
         .shuffle(1)
         .workers(1)

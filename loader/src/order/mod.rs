@@ -8,4 +8,5 @@ pub(crate) mod blocks;
 pub(crate) mod permute;
 pub(crate) mod ranks;
 pub(crate) mod sampler;
+pub(crate) mod shards;
 pub(crate) mod stream;

@@ -75,6 +75,9 @@ impl Remainder {
 pub(crate) struct Sampler {
     /// The source, when it orders its own epochs ([`Source::begin_epoch`]).
     ordered_by: Option<std::sync::Arc<dyn Source>>,
+    /// The shard-block shuffle's settings and the shards' record counts,
+    /// when it orders the epochs ([`super::shards`]).
+    by_shards: Option<(super::shards::Blocks, std::sync::Arc<[usize]>)>,
     len: usize,
     batch_size: usize,
     seed: Option<u64>,
@@ -334,6 +337,7 @@ impl Sampler {
         }
         let s = Self {
             ordered_by: None,
+            by_shards: None,
             len,
             batch_size,
             seed,
@@ -434,10 +438,27 @@ impl Sampler {
         Ok(self)
     }
 
+    /// This sampler, ordering each epoch by the shard-block shuffle
+    /// ([`super::shards`]) over shards of `records` samples each (in
+    /// index order, `len` in all).
+    pub(crate) fn by_shards(mut self, blocks: super::shards::Blocks, records: Vec<usize>) -> Self {
+        debug_assert_eq!(records.iter().sum::<usize>(), self.len);
+        self.by_shards = Some((blocks, records.into()));
+        self
+    }
+
     /// The epoch's global order: the source order or its `(seed, epoch)`
-    /// permutation, or the order the source gives (cut or repeated to
-    /// `len`, indices wrapped below it, should a later epoch's not fit).
+    /// permutation, the shard-block shuffle, or the order the source gives
+    /// (cut or repeated to `len`, indices wrapped below it, should a later
+    /// epoch's not fit).
     fn epoch_order(&self, epoch: u64) -> GlobalOrder {
+        if let Some((blocks, records)) = &self.by_shards {
+            let order = super::shards::ShardBlockOrder::new(records, *blocks, self.seed, epoch);
+            return GlobalOrder::Given {
+                order: std::sync::Arc::new(order),
+                len: self.len,
+            };
+        }
         if let Some(order) = self
             .ordered_by
             .as_ref()

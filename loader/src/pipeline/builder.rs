@@ -5,7 +5,7 @@ use super::fill::BadSamples;
 use super::loader::{Loader, Order};
 use super::{Room, Shared};
 use crate::cache::{Cache, CacheMode};
-use crate::contract::Source;
+use crate::contract::{ShardInfo, Source};
 use crate::device::{Finish, Guards};
 use crate::error::{Error, Result};
 use crate::fields::Schema;
@@ -53,6 +53,7 @@ pub struct LoaderBuilder {
     pub(super) bad_samples: BadSamples,
     pub(super) interleave: Option<Interleave>,
     pub(super) shuffle_buffer: Option<usize>,
+    pub(super) shard_blocks: Option<crate::order::shards::ShardBlocks>,
     pub(super) ram_budget: Option<u64>,
     pub(super) trace: bool,
     pub(super) cache: Option<(CacheMode, Option<PathBuf>)>,
@@ -88,6 +89,7 @@ impl LoaderBuilder {
             bad_samples: BadSamples::Fail,
             interleave: None,
             shuffle_buffer: None,
+            shard_blocks: None,
             ram_budget: None,
             trace: false,
             cache: None,
@@ -306,6 +308,31 @@ impl LoaderBuilder {
         self
     }
 
+    /// Random access by shard blocks: each epoch the shards are put in a
+    /// keyed order, cut into parts (one per rank by default), and each
+    /// part's samples shuffled within windows; rank `r` of as many ranks
+    /// as parts reads only part `r`, one window of a few shards at a time
+    /// ([`ShardBlocks`](crate::ShardBlocks) has the settings and their
+    /// defaults). Remote shards are then read in 32 MiB ranged requests
+    /// kept in memory (within a quarter of the RAM budget), not a request
+    /// per sample: for a dataset in object storage too large for each
+    /// rank to read at random. A sample moves only within its window (at
+    /// most `window` places) while every batch still mixes the shards of a
+    /// window; resume is exact, and elastic (any world size) because the
+    /// parts stay as the first run cut them. Mosaic Streaming's
+    /// canonical nodes with its block shuffle, and LitData's chunk
+    /// shuffle, do the same.
+    ///
+    /// Needs a sharded source ([`crate::source::TfRecord`],
+    /// [`crate::source::WebDataset`], [`crate::source::SafetensorsShards`])
+    /// and the random-access mode; with [`shuffle`](Self::shuffle) the order
+    /// is new every epoch, without it the shards keep their stored order
+    /// (cut and dealt the same way).
+    pub fn shard_blocks(mut self, blocks: crate::ShardBlocks) -> Self {
+        self.shard_blocks = Some(blocks);
+        self
+    }
+
     /// Records held in the streaming mode's shuffle buffer (their encoded
     /// bytes stay in memory). Default 1,024 when shuffling; ignored without
     /// [`shuffle`](Self::shuffle). Needs [`interleave`](Self::interleave).
@@ -441,6 +468,57 @@ impl LoaderBuilder {
         self
     }
 
+    /// The shard-block shuffle's settings for this run: as given, else as
+    /// the resumed state was saved with, else the defaults
+    /// ([`ShardBlocks`](crate::ShardBlocks)).
+    fn choose_blocks(
+        &self,
+        given: crate::order::shards::ShardBlocks,
+        world_size: usize,
+    ) -> Result<crate::order::shards::Blocks> {
+        use crate::order::shards::Blocks;
+        let shards = self.source.shards();
+        if shards.is_empty() {
+            return Err(Error::InvalidConfig(
+                "shard_blocks needs a sharded source (TfRecord, WebDataset, \
+                 SafetensorsShards); this one has no shards"
+                    .into(),
+            ));
+        }
+        let records: usize = shards.iter().map(|s| s.records).sum();
+        if records != self.source.len() {
+            return Err(Error::InvalidConfig(format!(
+                "shard_blocks: the source's shards hold {records} samples of its {}",
+                self.source.len()
+            )));
+        }
+        let saved = self
+            .resume
+            .as_ref()
+            .and_then(|s| Blocks::parse(&s.identity.mode));
+        let partitions = given
+            .partitions
+            .or(saved.map(|b| b.partitions))
+            .unwrap_or(world_size);
+        if partitions == 0 || given.window == Some(0) {
+            return Err(Error::InvalidConfig(
+                "shard_blocks: partitions and window must be at least 1".into(),
+            ));
+        }
+        let window = match given.window.or(saved.map(|b| b.window)) {
+            Some(w) => w,
+            None => {
+                let basis = self.ram_budget.unwrap_or(4 << 30);
+                auto_window(shards, basis)?.max(self.batch_size)
+            }
+        };
+        Ok(Blocks {
+            partitions,
+            window,
+            lane: self.batch_size,
+        })
+    }
+
     /// Validates the settings, starts the loader's threads and returns it.
     pub fn build(self) -> Result<Loader> {
         if self.source.is_empty() {
@@ -462,7 +540,19 @@ impl LoaderBuilder {
             }
             (_, r) => r == Remainder::Drop,
         };
+        let budget = self.ram_budget.unwrap_or_else(default_budget);
+        let blocks = match self.shard_blocks {
+            Some(b) => Some(self.choose_blocks(b, world_size)?),
+            None => None,
+        };
         let order = match self.interleave {
+            Some(_) if blocks.is_some() => {
+                return Err(Error::InvalidConfig(
+                    "shard_blocks applies to random access: the streaming mode (interleave) \
+                     reads whole shards already"
+                        .into(),
+                ))
+            }
             Some(il) => Order::Stream(StreamPlanner::new(
                 self.source.shards(),
                 self.batch_size,
@@ -477,17 +567,20 @@ impl LoaderBuilder {
                     "shuffle_buffer applies to the streaming mode: set interleave(..) too".into(),
                 ))
             }
-            None => Order::Sampled(
-                Sampler::new(
+            None => {
+                let sampler = Sampler::new(
                     self.source.len(),
                     self.batch_size,
                     self.shuffle,
                     self.remainder,
                     rank,
                     world_size,
-                )?
-                .ordered_by(self.source.clone())?,
-            ),
+                )?;
+                Order::Sampled(match blocks {
+                    Some(blocks) => sampler.by_shards(blocks, shard_records(&*self.source)),
+                    None => sampler.ordered_by(self.source.clone())?,
+                })
+            }
         };
         let seed = self.seed.or(self.shuffle).unwrap_or(0);
         let (map, transform, finish, finish_field): (Arc<dyn Map>, _, _, _) = match self.map {
@@ -542,7 +635,10 @@ impl LoaderBuilder {
                     self.shuffle_buffer.unwrap_or(1024)
                 ),
                 (Some(il), None) => format!("streaming ({il:?})"),
-                (None, _) => "random access".into(),
+                (None, _) => match &blocks {
+                    Some(b) => format!("random access, {}", b.describe()),
+                    None => "random access".into(),
+                },
             },
             source_len: self.source.len(),
             source_shards: shard_table(&*self.source),
@@ -597,7 +693,6 @@ impl LoaderBuilder {
         } else {
             schema.batch_bytes()
         } as u64;
-        let budget = self.ram_budget.unwrap_or_else(default_budget);
         if let Some(cache) = &self.remote_cache {
             if cache.memory_limit() > budget / 2 {
                 return Err(Error::InvalidConfig(format!(
@@ -631,6 +726,10 @@ impl LoaderBuilder {
             crate::device::keep_batch_memory(&schema, most(in_flight) + most(prefetch));
         }
         let parts = Arc::new(map.parts());
+        // Remote shards in blocks: read by chunk, a quarter of the budget.
+        let remote = |s: &ShardInfo| crate::storage::is_url(&s.path);
+        let spans = (blocks.is_some() && self.source.shards().iter().any(remote))
+            .then(|| crate::storage::spans::Spans::new(budget / 4));
         // A remote source's records are read ahead of the workers.
         let readahead = self.source.wants_read_ahead().then(|| {
             let source = self.source.clone();
@@ -638,6 +737,7 @@ impl LoaderBuilder {
                 source,
                 parts.clone(),
                 self.retries,
+                spans.clone(),
                 (self.batch_size, MAX_DEPTH),
             )
         });
@@ -670,6 +770,7 @@ impl LoaderBuilder {
                 .map(super::quarantine::Quarantine::open)
                 .transpose()?,
             readahead,
+            spans,
             direct: Default::default(),
             #[cfg(test)]
             force_direct: Default::default(),
@@ -685,4 +786,27 @@ impl LoaderBuilder {
             position,
         )
     }
+}
+
+/// Each shard's record count, in index order.
+fn shard_records(source: &dyn Source) -> Vec<usize> {
+    source.shards().iter().map(|s| s.records).collect()
+}
+
+/// The shard-block window a budget of `basis` bytes holds: the largest
+/// power of two of samples whose bytes fit an eighth of it (the window
+/// read and the next in a quarter), the bytes a sample measured on up
+/// to eight shards spread over the index (their sizes: a request each
+/// for objects in a store).
+fn auto_window(shards: &[ShardInfo], basis: u64) -> Result<usize> {
+    let with: Vec<&ShardInfo> = shards.iter().filter(|s| s.records > 0).collect();
+    let picked = (0..with.len().min(8)).map(|i| with[i * with.len() / with.len().min(8)]);
+    let (mut bytes, mut records) = (0u64, 0u64);
+    for s in picked {
+        bytes += crate::storage::Blob::open(&s.path)?.1;
+        records += s.records as u64;
+    }
+    let per = bytes.div_ceil(records.max(1)).max(1);
+    let fit = (basis / 8 / per).max(1);
+    Ok(1usize << (63 - fit.leading_zeros()).min(40))
 }

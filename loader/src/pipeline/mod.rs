@@ -121,6 +121,9 @@ struct Shared {
     /// Reads a remote source's records ahead of the workers
     /// ([`ReadAhead`](crate::read::ahead::ReadAhead)).
     readahead: Option<Arc<crate::read::ahead::ReadAhead>>,
+    /// Remote shards' chunks in memory, under the shard-block shuffle
+    /// ([`Spans`](crate::storage::spans::Spans)).
+    spans: Option<Arc<crate::storage::spans::Spans>>,
     /// The inbox of the running direct epoch, if any ([`direct`]).
     direct: Mutex<Option<Arc<direct::Inbox>>>,
     /// Tests choose the path: direct always, never, or by cost (`None`).

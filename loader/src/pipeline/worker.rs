@@ -12,6 +12,7 @@ use crate::map::{pad_fields, Sample};
 use crate::read::retry::{read_retrying, retrying};
 use crate::stats::trace::LANE_DECODE;
 use crate::stats::SampleTally;
+use crate::storage::spans::Spans;
 use crate::transform::PooledScratch;
 use crate::tune::GatePass;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -181,7 +182,9 @@ pub(super) fn process(
                     }
                     None => {
                         let read = (index, &*shared.parts, scratch.take_read_buffer());
-                        read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry)
+                        Spans::run(shared.spans.as_ref(), || {
+                            read_retrying(&*shared.source, read, shared.retries, cancel, &on_retry)
+                        })
                     }
                 };
                 let now = now();

@@ -24,6 +24,7 @@
 use super::retry::read_retrying;
 use crate::contract::{Parts, Record, Source, Value};
 use crate::error::Result;
+use crate::storage::spans::Spans;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +71,8 @@ pub(crate) struct ReadAhead {
     source: Arc<dyn Source>,
     parts: Arc<Parts>,
     retries: u32,
+    /// The loader's chunks of remote shards, under the shard-block shuffle.
+    spans: Option<Arc<Spans>>,
     batch: usize,
     /// The most records read ahead (at most [`MAX_DEPTH`]).
     most: usize,
@@ -118,6 +121,7 @@ impl ReadAhead {
         source: Arc<dyn Source>,
         parts: Arc<Parts>,
         retries: u32,
+        spans: Option<Arc<Spans>>,
         (batch, most): (usize, usize),
     ) -> Arc<Self> {
         let (jobs, queue) = unbounded();
@@ -125,6 +129,7 @@ impl ReadAhead {
             source,
             parts,
             retries,
+            spans,
             batch,
             most: most.clamp(1, MAX_DEPTH),
             inner: Mutex::new(Inner::default()),
@@ -319,6 +324,7 @@ fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBo
             continue;
         }
         let (source, parts, retries) = (ra.source.clone(), ra.parts.clone(), ra.retries);
+        let spans = ra.spans.clone();
         drop(ra);
         let t = Instant::now();
         let retried = std::sync::atomic::AtomicU32::new(0);
@@ -327,7 +333,9 @@ fn reader(me: Weak<ReadAhead>, queue: Receiver<(u64, usize)>, stop: Arc<AtomicBo
             let on_retry = || {
                 retried.fetch_add(1, Ordering::Relaxed);
             };
-            read_retrying(&*source, read, retries, &stop, &on_retry)
+            Spans::run(spans.as_ref(), || {
+                read_retrying(&*source, read, retries, &stop, &on_retry)
+            })
         }));
         let record = record.ok().map(|r| (r, retried.into_inner()));
         let Some(ra) = me.upgrade() else { return };

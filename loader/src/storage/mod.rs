@@ -38,6 +38,7 @@ pub(crate) mod remote;
 #[cfg(not(feature = "remote"))]
 #[path = "remote_stub.rs"]
 pub(crate) mod remote;
+pub(crate) mod spans;
 
 /// Bytes a sequential reader of a remote object asks for at once, at most.
 const WINDOW: u64 = 8 << 20;
@@ -223,6 +224,9 @@ impl Blob {
         match self {
             Blob::Local(file) => local::read_exact_at(&*file.file()?, path, offset, buf),
             Blob::Remote(o) => {
+                if let Some(read) = spans::Spans::read(o, offset, buf) {
+                    return read;
+                }
                 if let Some(read) = Sequential::read(o, path, offset, buf) {
                     return read;
                 }

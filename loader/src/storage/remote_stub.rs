@@ -58,6 +58,10 @@ impl Object {
     pub(crate) fn version(&self) -> Option<String> {
         match self.never {}
     }
+
+    pub(crate) fn key(&self) -> &str {
+        match self.never {}
+    }
 }
 
 pub(crate) fn check(url: &str) -> Result<()> {
@@ -118,4 +122,8 @@ pub(crate) mod chunks {
     }
 
     pub(crate) fn set_chunk_bytes(_bytes: u64) {}
+
+    pub(crate) fn chunk_bytes() -> u64 {
+        32 << 20
+    }
 }

@@ -31,6 +31,11 @@ pub(crate) fn set_chunk_bytes(bytes: u64) {
     CHUNK_BYTES.store(bytes.max(1), Ordering::Relaxed);
 }
 
+/// The chunk size in use.
+pub(crate) fn chunk_bytes() -> u64 {
+    CHUNK_BYTES.load(Ordering::Relaxed)
+}
+
 /// A large object's local copy, filled as reads reach it ([module docs](self)).
 #[derive(Debug)]
 pub(crate) struct Chunks {

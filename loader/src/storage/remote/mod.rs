@@ -180,6 +180,11 @@ impl Object {
         self.len
     }
 
+    /// What the object is known by in caches: its URL, size and entity tag.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     /// The object's entity tag: the one its reads are pinned to once it
     /// was read, else the one it was opened with. `None` for a server
     /// without tags.

@@ -1,0 +1,123 @@
+//! The shard-block shuffle through a loader: each rank of as many ranks as
+//! parts reads its own shards, remote shards in a few large ranged
+//! requests (each byte about once) instead of a request per sample, and a
+//! state saved on one world size resumes on another with the parts it was
+//! saved with, every sample of the epoch once.
+
+use candle_wick::source::{Source, WebDataset};
+use candle_wick::{Loader, LoaderBuilder, LoaderState, ShardBlocks};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+fn builder(source: Arc<dyn Source>, rank: usize, world: usize) -> LoaderBuilder {
+    Loader::builder(source)
+        .map(tests::label_map())
+        .batch_size(8)
+        .shuffle(5)
+        .workers(2)
+        .shard(rank, world)
+}
+
+/// Every batch of epoch `epoch`, as source indices, from `state` on when given.
+fn indices(b: LoaderBuilder, epoch: u64, state: Option<LoaderState>) -> Vec<Vec<usize>> {
+    let resumed = state.is_some();
+    let mut l = match state {
+        Some(s) => b.resume(s).build().unwrap(),
+        None => b.build().unwrap(),
+    };
+    let e = if resumed {
+        l.next_epoch()
+    } else {
+        l.epoch(epoch)
+    };
+    e.map(|b| b.unwrap().indices.clone()).collect()
+}
+
+#[test]
+fn remote_shards_are_read_in_large_requests_each_byte_about_once() {
+    let server = tests::ObjectServer::start();
+    let (shards, per) = (8, 40);
+    let mut total = 0u64;
+    for s in 0..shards {
+        let bytes = tests::wds_bytes(s * per, per, 3_000);
+        total += bytes.len() as u64;
+        server.put(&format!("/wds/s-{s}.tar"), bytes);
+    }
+    let urls: Vec<String> = (0..shards)
+        .map(|s| server.url(&format!("/wds/s-{s}.tar")))
+        .collect();
+    // Chunks of 64 KiB: two or three to a ~150 KB shard.
+    candle_wick::storage::__set_chunk_bytes(64 << 10);
+    let source: Arc<dyn Source> = Arc::new(WebDataset::open(&urls).unwrap());
+    let gets = || server.log().iter().filter(|l| l.starts_with("GET")).count();
+    let (sent, got) = (server.bytes_sent(), gets());
+    let mut seen = Vec::new();
+    for rank in 0..2 {
+        let blocks = builder(source.clone(), rank, 2).shard_blocks(ShardBlocks::new().window(64));
+        seen.extend(indices(blocks, 1, None).concat());
+    }
+    let (read, requests) = (server.bytes_sent() - sent, gets() - got);
+    assert_eq!(seen.len(), shards * per);
+    assert_eq!(seen.iter().collect::<HashSet<_>>().len(), shards * per);
+    // 8 shards of 2-3 chunks; a chunk at the parts' cut is read by both
+    // ranks. Per sample it would be 320 requests or more.
+    let chunks = total.div_ceil(64 << 10) as usize + shards;
+    assert!(
+        requests <= chunks + 2,
+        "{requests} requests for {chunks} chunks at most"
+    );
+    assert!(
+        read <= total + 2 * (64 << 10),
+        "an epoch read {read} bytes of shards of {total}"
+    );
+    candle_wick::storage::__set_chunk_bytes(32 << 20);
+}
+
+#[test]
+fn a_state_resumes_on_another_world_size_with_the_parts_it_was_saved_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<_> = (0..6)
+        .map(|s| {
+            let p = dir.path().join(format!("s-{s}.tar"));
+            std::fs::write(&p, tests::wds_bytes(s * 30, 30 + s, 100)).unwrap();
+            p
+        })
+        .collect();
+    let source: Arc<dyn Source> = Arc::new(WebDataset::open(&paths).unwrap());
+    let n = source.len();
+    let blocks =
+        |rank, world| builder(source.clone(), rank, world).shard_blocks(ShardBlocks::new());
+    // Two ranks take 3 batches each, then the job stops.
+    let mut first = Vec::new();
+    let mut state = None;
+    for rank in 0..2 {
+        let mut l = blocks(rank, 2).build().unwrap();
+        let mut e = l.epoch(0);
+        for _ in 0..3 {
+            let b = e.next().unwrap().unwrap();
+            first.extend(b.indices.clone());
+            state = Some(b.state());
+        }
+    }
+    let state = state.unwrap();
+    assert!(
+        state.identity.mode.contains("partitions 2"),
+        "{}",
+        state.identity.mode
+    );
+    // Three ranks go on from there: the parts stay two, the rest of the
+    // epoch is read once.
+    let mut rest = Vec::new();
+    for rank in 0..3 {
+        rest.extend(indices(blocks(rank, 3), 0, Some(state.clone())).concat());
+    }
+    let all: Vec<usize> = first.iter().chain(&rest).copied().collect();
+    assert_eq!(all.len(), n);
+    assert_eq!(all.iter().collect::<HashSet<_>>().len(), n);
+    // Partitions given anew that differ from the state's are refused.
+    let other = blocks(0, 3)
+        .shard_blocks(ShardBlocks::new().partitions(3))
+        .resume(state)
+        .build();
+    assert!(other.is_err(), "a state of 2 parts resumed on 3");
+}
