@@ -20,3 +20,9 @@ for ranks in "0 1" "17 64" "17 4096"; do
     done
   done
 done
+# A rank's whole epoch read at random sample by sample, then by shard
+# blocks: requests and bytes against its share, and the shuffle it saw.
+for how in random blocks; do
+  echo "== epoch, rank 3 of 8, $how"
+  "$bin" epoch "$dir" 3 8 "$how"
+done

@@ -24,6 +24,15 @@
 //! shard), then once more after them (a rank started late). It prints
 //! the requests and body bytes of the node's opens, as a multiple of the
 //! shards' bytes, and of the late one.
+//!
+//! `scale-open epoch DIR RANK WORLD random|blocks` serves `DIR` with its
+//! manifest and reads rank `RANK` of `WORLD`'s whole epoch 0 (batch 32,
+//! shuffled): `random`, the epoch's permutation read sample by sample;
+//! `blocks`, the shard-block shuffle (`shard_blocks`, default settings,
+//! a 256 MiB RAM budget). It prints the epoch's requests and body bytes
+//! (after the open) against the rank's share of the shards, its time,
+//! the peak RSS, and the shuffle as the rank saw it: distinct shards in a
+//! batch, and the shards the rank's samples came from.
 
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
@@ -226,10 +235,119 @@ fn node(dir: &Path, ranks: usize, alone: bool) -> Result<(), Box<dyn std::error:
     Ok(())
 }
 
+/// The `epoch` mode (see the module's documentation).
+fn epoch(
+    dir: &Path,
+    rank: usize,
+    world: usize,
+    blocks: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = ObjectServer::start();
+    server.put_dir("/ds", dir);
+    server.put(
+        "/ds/wick-manifest.json",
+        std::fs::read(dir.join("manifest.json"))?,
+    );
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.ends_with(".tar").then_some(name)
+        })
+        .collect();
+    names.sort();
+    let shard_bytes: u64 = names
+        .iter()
+        .map(|n| std::fs::metadata(dir.join(n)).map_or(0, |m| m.len()))
+        .sum();
+    let urls: Vec<PathBuf> = names
+        .iter()
+        .map(|n| PathBuf::from(server.url(&format!("/ds/{n}"))))
+        .collect();
+    let wds = WebDataset::open(&urls)?;
+    let shards: Vec<(usize, usize)> = candle_wick::Source::shards(&wds)
+        .iter()
+        .map(|s| (s.first, s.records))
+        .collect();
+    let shard_of = |i: usize| shards.partition_point(|&(first, _)| first <= i) - 1;
+    let map = map_fn(
+        vec![Field::new("bytes", FieldType::U32, &[1])],
+        |s: &mut Sample<'_>| {
+            let n = s.record().bytes.len() as u32;
+            s.take::<u32>(0)?.copy_from_slice(&[n]);
+            Ok(())
+        },
+    );
+    let mut b = Loader::builder(wds)
+        .map(map)
+        .batch_size(32)
+        .shuffle(1234)
+        .workers(2)
+        .ram_budget(256 << 20)
+        .shard(rank, world);
+    if blocks {
+        b = b.shard_blocks(candle_wick::ShardBlocks::new());
+    }
+    let mut loader = b.build()?;
+    let (r0, b0) = counts(&server);
+    let t = Instant::now();
+    let (mut samples, mut batches, mut distinct) = (0usize, 0usize, 0usize);
+    let mut touched = std::collections::HashSet::new();
+    for batch in loader.epoch(0) {
+        let batch = batch?;
+        let s: std::collections::HashSet<usize> =
+            batch.indices.iter().map(|&i| shard_of(i)).collect();
+        distinct += s.len();
+        touched.extend(s);
+        samples += batch.indices.len();
+        batches += 1;
+    }
+    let took = t.elapsed().as_secs_f64();
+    let (r1, b1) = counts(&server);
+    let share = shard_bytes as f64 / world as f64;
+    println!(
+        "{} shards ({:.1} MB), rank {rank}/{world}, {}: {samples} samples in {:.2} s",
+        urls.len(),
+        shard_bytes as f64 / 1e6,
+        if blocks {
+            "shard blocks"
+        } else {
+            "per-sample random access"
+        },
+        took
+    );
+    println!(
+        "epoch: {} requests ({:.2} a sample), {} bytes ({:.2}x the rank's share)",
+        r1 - r0,
+        (r1 - r0) as f64 / samples.max(1) as f64,
+        b1 - b0,
+        (b1 - b0) as f64 / share
+    );
+    println!(
+        "shuffle: {:.1} distinct shards a batch of 32, {} shards read by the rank",
+        distinct as f64 / batches.max(1) as f64,
+        touched.len()
+    );
+    println!("peak_rss_mb {:.1}", peak_rss_mb());
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
-    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone]";
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks";
+    if args.first().map(String::as_str) == Some("epoch") {
+        let (Some(dir), Some(rank), Some(world), Some(how)) =
+            (args.get(1), num(2), num(3), args.get(4))
+        else {
+            return Err(usage.into());
+        };
+        let blocks = match how.as_str() {
+            "blocks" => true,
+            "random" => false,
+            _ => return Err(usage.into()),
+        };
+        return epoch(Path::new(dir), rank, world, blocks);
+    }
     if args.first().map(String::as_str) == Some("node") {
         let (Some(dir), Some(ranks)) = (args.get(1), num(2)) else {
             return Err(usage.into());
