@@ -88,6 +88,19 @@ fn make(dir: &Path, shards: usize, samples: usize) -> Result<(), Box<dyn std::er
     Ok(())
 }
 
+/// A map that keeps each sample's image size (the loader reads, the
+/// bench counts).
+fn bytes_map() -> impl candle_wick::map::Map {
+    map_fn(
+        vec![Field::new("bytes", FieldType::U32, &[1])],
+        |s: &mut Sample<'_>| {
+            let n = s.record().bytes.len() as u32;
+            s.take::<u32>(0)?.copy_from_slice(&[n]);
+            Ok(())
+        },
+    )
+}
+
 /// `(requests, body bytes)` the server has seen.
 fn counts(server: &ObjectServer) -> (usize, u64) {
     (server.log().len(), server.bytes_sent())
@@ -100,37 +113,14 @@ fn run(
     manifest: bool,
     stream: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let server = ObjectServer::start();
-    server.put_dir("/ds", dir);
-    if manifest {
-        server.put(
-            "/ds/wick-manifest.json",
-            std::fs::read(dir.join("manifest.json"))?,
-        );
-    }
-    let mut urls: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.ends_with(".tar")
-                .then(|| PathBuf::from(server.url(&format!("/ds/{name}"))))
-        })
-        .collect();
-    urls.sort();
+    let (server, urls, shard_bytes) = serve(dir, manifest)?;
     let t = Instant::now();
     let wds = WebDataset::open(&urls)?;
     let open_s = t.elapsed().as_secs_f64();
     let (open_requests, open_bytes) = counts(&server);
     let samples = candle_wick::Source::len(&wds);
-    let map = map_fn(
-        vec![Field::new("bytes", FieldType::U32, &[1])],
-        |s: &mut Sample<'_>| {
-            let n = s.record().bytes.len() as u32;
-            s.take::<u32>(0)?.copy_from_slice(&[n]);
-            Ok(())
-        },
-    );
     let mut b = Loader::builder(wds)
-        .map(map)
+        .map(bytes_map())
         .batch_size(32)
         .shuffle(1234)
         .workers(2)
@@ -144,13 +134,6 @@ fn run(
     let first_s = t.elapsed().as_secs_f64();
     drop(batch);
     let (requests, bytes) = counts(&server);
-    let shard_bytes: u64 = urls
-        .iter()
-        .filter_map(|u| {
-            let name = u.to_str()?.rsplit('/').next()?.to_string();
-            Some(std::fs::metadata(dir.join(name)).ok()?.len())
-        })
-        .sum();
     println!(
         "{} shards, {samples} samples ({:.1} MB), rank {rank}/{world}, {}, {}",
         urls.len(),
@@ -171,11 +154,20 @@ fn run(
     Ok(())
 }
 
-/// The `node` mode (see the module's documentation).
-fn node(dir: &Path, ranks: usize, alone: bool) -> Result<(), Box<dyn std::error::Error>> {
-    use candle_wick::storage::{set_cache, RemoteCache};
+/// `DIR`'s shards served on 127.0.0.1 (with the manifest when
+/// `manifest`): the server, the shards' URLs in name order, their bytes.
+fn serve(
+    dir: &Path,
+    manifest: bool,
+) -> Result<(ObjectServer, Vec<PathBuf>, u64), Box<dyn std::error::Error>> {
     let server = ObjectServer::start();
     server.put_dir("/ds", dir);
+    if manifest {
+        server.put(
+            "/ds/wick-manifest.json",
+            std::fs::read(dir.join("manifest.json"))?,
+        );
+    }
     let mut names: Vec<String> = std::fs::read_dir(dir)?
         .filter_map(|e| {
             let name = e.ok()?.file_name().to_string_lossy().into_owned();
@@ -187,10 +179,17 @@ fn node(dir: &Path, ranks: usize, alone: bool) -> Result<(), Box<dyn std::error:
         .iter()
         .map(|n| std::fs::metadata(dir.join(n)).map_or(0, |m| m.len()))
         .sum();
-    let urls: Vec<PathBuf> = names
+    let urls = names
         .iter()
         .map(|n| PathBuf::from(server.url(&format!("/ds/{n}"))))
         .collect();
+    Ok((server, urls, shard_bytes))
+}
+
+/// The `node` mode (see the module's documentation).
+fn node(dir: &Path, ranks: usize, alone: bool) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::storage::{set_cache, RemoteCache};
+    let (server, urls, shard_bytes) = serve(dir, false)?;
     let cache = std::env::temp_dir().join(format!("wick-scale-node-{}", std::process::id()));
     if !alone {
         set_cache(&RemoteCache::memory(0).disk(&cache, 1 << 40))?;
@@ -242,43 +241,15 @@ fn epoch(
     world: usize,
     blocks: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let server = ObjectServer::start();
-    server.put_dir("/ds", dir);
-    server.put(
-        "/ds/wick-manifest.json",
-        std::fs::read(dir.join("manifest.json"))?,
-    );
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.ends_with(".tar").then_some(name)
-        })
-        .collect();
-    names.sort();
-    let shard_bytes: u64 = names
-        .iter()
-        .map(|n| std::fs::metadata(dir.join(n)).map_or(0, |m| m.len()))
-        .sum();
-    let urls: Vec<PathBuf> = names
-        .iter()
-        .map(|n| PathBuf::from(server.url(&format!("/ds/{n}"))))
-        .collect();
+    let (server, urls, shard_bytes) = serve(dir, true)?;
     let wds = WebDataset::open(&urls)?;
     let shards: Vec<(usize, usize)> = candle_wick::Source::shards(&wds)
         .iter()
         .map(|s| (s.first, s.records))
         .collect();
     let shard_of = |i: usize| shards.partition_point(|&(first, _)| first <= i) - 1;
-    let map = map_fn(
-        vec![Field::new("bytes", FieldType::U32, &[1])],
-        |s: &mut Sample<'_>| {
-            let n = s.record().bytes.len() as u32;
-            s.take::<u32>(0)?.copy_from_slice(&[n]);
-            Ok(())
-        },
-    );
     let mut b = Loader::builder(wds)
-        .map(map)
+        .map(bytes_map())
         .batch_size(32)
         .shuffle(1234)
         .workers(2)
