@@ -2,12 +2,17 @@
 //! parts reads its own shards, remote shards in a few large ranged
 //! requests (each byte about once) instead of a request per sample, and a
 //! state saved on one world size resumes on another with the parts it was
-//! saved with, every sample of the epoch once.
+//! saved with, every sample of the epoch once. With a cache directory the
+//! chunks go to the node's copies there: ranks sharing a part fetch them
+//! once.
 
 use candle_wick::source::{Source, WebDataset};
 use candle_wick::{Loader, LoaderBuilder, LoaderState, ShardBlocks};
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// The chunk size and the remote cache are the process's: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn builder(source: Arc<dyn Source>, rank: usize, world: usize) -> LoaderBuilder {
     Loader::builder(source)
@@ -33,19 +38,27 @@ fn indices(b: LoaderBuilder, epoch: u64, state: Option<LoaderState>) -> Vec<Vec<
     e.map(|b| b.unwrap().indices.clone()).collect()
 }
 
-#[test]
-fn remote_shards_are_read_in_large_requests_each_byte_about_once() {
+/// `shards` WebDataset shards of `per` samples served on 127.0.0.1: the
+/// server, their URLs and their bytes.
+fn served(shards: usize, per: usize) -> (tests::ObjectServer, Vec<String>, u64) {
     let server = tests::ObjectServer::start();
-    let (shards, per) = (8, 40);
     let mut total = 0u64;
     for s in 0..shards {
         let bytes = tests::wds_bytes(s * per, per, 3_000);
         total += bytes.len() as u64;
         server.put(&format!("/wds/s-{s}.tar"), bytes);
     }
-    let urls: Vec<String> = (0..shards)
+    let urls = (0..shards)
         .map(|s| server.url(&format!("/wds/s-{s}.tar")))
         .collect();
+    (server, urls, total)
+}
+
+#[test]
+fn remote_shards_are_read_in_large_requests_each_byte_about_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (shards, per) = (8, 40);
+    let (server, urls, total) = served(shards, per);
     // Chunks of 64 KiB: two or three to a ~150 KB shard.
     candle_wick::storage::__set_chunk_bytes(64 << 10);
     let source: Arc<dyn Source> = Arc::new(WebDataset::open(&urls).unwrap());
@@ -120,4 +133,50 @@ fn a_state_resumes_on_another_world_size_with_the_parts_it_was_saved_with() {
         .resume(state)
         .build();
     assert!(other.is_err(), "a state of 2 parts resumed on 3");
+}
+
+#[test]
+fn ranks_of_a_node_sharing_a_part_fetch_its_chunks_once_through_the_cache_directory() {
+    use candle_wick::storage::{set_cache, RemoteCache};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (shards, per) = (4, 40);
+    let (server, urls, total) = served(shards, per);
+    // Chunks of 16 KiB: about ten to a shard.
+    candle_wick::storage::__set_chunk_bytes(16 << 10);
+    set_cache(&RemoteCache::memory(0).disk(dir.path().join("cache"), 1 << 30)).unwrap();
+    let source: Arc<dyn Source> = Arc::new(WebDataset::open(&urls).unwrap());
+    // One part read by two ranks: each reads half of every batch index.
+    let blocks = ShardBlocks::new().partitions(1).window(40);
+    // Both ranks' epochs: the samples they saw, the bytes each fetched.
+    let epoch = || {
+        let mut seen = Vec::new();
+        let mut read = Vec::new();
+        for rank in 0..2 {
+            let sent = server.bytes_sent();
+            let b = builder(source.clone(), rank, 2).shard_blocks(blocks);
+            seen.extend(indices(b, 1, None).concat());
+            read.push(server.bytes_sent() - sent);
+        }
+        assert_eq!(seen.len(), shards * per);
+        assert_eq!(seen.iter().collect::<HashSet<_>>().len(), shards * per);
+        read
+    };
+    let shared = epoch();
+    // In memory, each rank fetches the chunks its samples touch.
+    set_cache(&RemoteCache::default()).unwrap();
+    let apart = epoch();
+    candle_wick::storage::__set_chunk_bytes(32 << 20);
+    assert!(
+        shared.iter().sum::<u64>() <= total,
+        "the node fetched {shared:?} bytes of shards of {total}: a chunk more than once"
+    );
+    assert!(
+        shared[1] < shared[0] / 2,
+        "the second rank fetched {shared:?}: not what the first left"
+    );
+    assert!(
+        apart.iter().sum::<u64>() > total * 5 / 4,
+        "in memory the ranks fetched {apart:?} of {total}"
+    );
 }

@@ -13,17 +13,22 @@
 //! 3. Each part is cut into windows of `window` samples, each window's
 //!    samples permuted among themselves by a keyed [`Permutation`].
 //! 4. The parts are dealt round robin in lanes of `lane` samples (the
-//!    batch size): position `p` of the epoch's first `partitions * lane *
-//!    F` positions (`F` full rounds) is sample `(p / (partitions * lane)) *
-//!    lane + p % lane` of part `(p / lane) % partitions`; the parts' last
-//!    samples follow, part after part.
+//!    batch size times the ranks that share a part, `world_size /
+//!    partitions`, at the first run): position `p` of the epoch's first
+//!    `partitions * lane * F` positions (`F` full rounds) is sample
+//!    `(p / (partitions * lane)) * lane + p % lane` of part
+//!    `(p / lane) % partitions`; the parts' last samples follow, part
+//!    after part.
 //!
-//! With as many ranks as partitions, rank `r`'s part of every batch index
-//! (`world_size * batch_size` positions, [`super::sampler`]) is part `r`'s
-//! next `lane` samples: a rank reads only its part's shards, one window at
-//! a time. On `k` times fewer ranks a rank reads `k` parts; on more, `k`
-//! ranks share a part. Without a seed nothing is permuted: the shards in
-//! stored order, cut and dealt the same way.
+//! A batch index covers `world_size * batch_size` positions, rank `r`
+//! taking the `r`-th batch of them ([`super::sampler`]), so on the world
+//! size of the first run rank `r` reads only part `r / (world_size /
+//! partitions)`: with as many parts as ranks its own, with as many as
+//! nodes its node's (consecutive ranks), one window at a time. On
+//! another world size the order is the same and every sample is still
+//! read once; a rank's batches then come from the parts that lanes put
+//! there. Without a seed nothing is permuted: the shards in stored order,
+//! cut and dealt the same way.
 //!
 //! Memory is a few words a shard; a position costs two binary searches
 //! (over the parts' tails and the shards) and a permutation lookup.
@@ -37,8 +42,11 @@ use crate::rng::Purpose;
 ///
 /// - `partitions`: the parts the epoch is cut into (Mosaic Streaming's
 ///   canonical nodes). Default: the world size of the run that starts the
-///   training; a resumed run takes the one its state was saved with, so
-///   the order stays the same on any world size.
+///   training, a part a rank; the number of nodes gives a part a node,
+///   read by its ranks (consecutive ranks, as launchers number them)
+///   through the node's cache directory. A resumed run takes the parts
+///   its state was saved with, so the order stays the same on any world
+///   size.
 /// - `window`: the samples a part is shuffled within (a sample stays
 ///   within its window; a window spans about `window / samples per shard`
 ///   shards, held in memory while it is read from object storage).
@@ -316,6 +324,39 @@ mod tests {
         // And the shuffle moved samples within their windows.
         let first: Vec<usize> = (0..lane).map(|p| o.at(p)).collect();
         assert_ne!(first, (first[0]..first[0] + lane).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn consecutive_ranks_share_a_part_when_lanes_hold_their_batches() {
+        // 8 ranks, batch 4, 2 parts (two nodes of 4 ranks): lanes of 16.
+        let records: Vec<usize> = vec![50; 40];
+        let (world, batch) = (8, 4);
+        let blocks = Blocks {
+            partitions: 2,
+            window: 100,
+            lane: batch * world / 2,
+        };
+        let o = ShardBlockOrder::new(&records, blocks, Some(4), 0);
+        let mut parts_of_rank: Vec<HashSet<usize>> = vec![HashSet::new(); world];
+        let first_of_part: HashSet<usize> = (0..40).filter(|&s| s * 50 < 1000).collect();
+        for step in 0..o.len() / (world * batch) {
+            for (r, parts) in parts_of_rank.iter_mut().enumerate() {
+                let at = step * world * batch + r * batch;
+                for p in at..at + batch {
+                    let shard = shard_of(&records, o.at(p));
+                    parts.insert(usize::from(!first_of_part.contains(&shard_rank(&o, shard))));
+                }
+            }
+        }
+        for (r, parts) in parts_of_rank.iter().enumerate() {
+            assert_eq!(parts.len(), 1, "rank {r} read parts {parts:?}");
+            assert!(parts.contains(&(r / 4)), "rank {r} read parts {parts:?}");
+        }
+    }
+
+    /// Where shard `s` sits in the epoch's shard order.
+    fn shard_rank(o: &ShardBlockOrder, s: usize) -> usize {
+        o.shards.iter().position(|&k| k == s).unwrap()
     }
 
     #[test]

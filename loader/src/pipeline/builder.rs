@@ -508,14 +508,25 @@ impl LoaderBuilder {
         let window = match given.window.or(saved.map(|b| b.window)) {
             Some(w) => w,
             None => {
-                let basis = self.ram_budget.unwrap_or(4 << 30);
-                auto_window(shards, basis)?.max(self.batch_size)
+                // Remote shards with a cache directory: the chunks go there.
+                let remote = shards.iter().any(|s| crate::storage::is_url(&s.path));
+                let local_ranks = crate::tune::local_ranks(&|k| std::env::var(k).ok()) as u64;
+                let disk = crate::storage::cache_dir_limit(self.remote_cache.as_ref())
+                    .filter(|_| remote)
+                    .map_or(0, |limit| limit / 4 / local_ranks);
+                let memory = self.ram_budget.unwrap_or(4 << 30) / 8;
+                auto_window(shards, memory.max(disk))?.max(self.batch_size)
             }
         };
+        // A round deals each part the batches of the ranks that share it
+        // (consecutive ranks: a node's), so those ranks read one part.
+        let lane = saved
+            .map(|b| b.lane)
+            .unwrap_or(self.batch_size * (world_size / partitions).max(1));
         Ok(Blocks {
             partitions,
             window,
-            lane: self.batch_size,
+            lane,
         })
     }
 
@@ -793,20 +804,19 @@ fn shard_records(source: &dyn Source) -> Vec<usize> {
     source.shards().iter().map(|s| s.records).collect()
 }
 
-/// The shard-block window a budget of `basis` bytes holds: the largest
-/// power of two of samples whose bytes fit an eighth of it (the window
-/// read and the next in a quarter), the bytes a sample measured on up
-/// to eight shards spread over the index (their sizes: a request each
-/// for objects in a store).
-fn auto_window(shards: &[ShardInfo], basis: u64) -> Result<usize> {
+/// The shard-block window that `bytes` hold: the largest power of two of
+/// samples whose bytes fit, the bytes a sample measured on up to eight
+/// shards spread over the index (their sizes: a request each for objects
+/// in a store).
+fn auto_window(shards: &[ShardInfo], bytes: u64) -> Result<usize> {
     let with: Vec<&ShardInfo> = shards.iter().filter(|s| s.records > 0).collect();
     let picked = (0..with.len().min(8)).map(|i| with[i * with.len() / with.len().min(8)]);
-    let (mut bytes, mut records) = (0u64, 0u64);
+    let (mut measured, mut records) = (0u64, 0u64);
     for s in picked {
-        bytes += crate::storage::Blob::open(&s.path)?.1;
+        measured += crate::storage::Blob::open(&s.path)?.1;
         records += s.records as u64;
     }
-    let per = bytes.div_ceil(records.max(1)).max(1);
-    let fit = (basis / 8 / per).max(1);
+    let per = measured.div_ceil(records.max(1)).max(1);
+    let fit = (bytes / per).max(1);
     Ok(1usize << (63 - fit.leading_zeros()).min(40))
 }

@@ -357,6 +357,16 @@ impl ObjectCache {
         crate::sync::lock(&self.downloading).remove(&key);
     }
 
+    /// Whether the cache keeps files in a directory.
+    pub(crate) fn has_dir(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// The directory's byte limit, when it has one.
+    pub(crate) fn dir_limit(&self) -> Option<u64> {
+        self.disk.as_ref().map(|_| self.config.disk)
+    }
+
     /// The path the directory would give object `key`, without a
     /// directory `None`. A file there is counted in the directory's bytes
     /// and evicted like the others (deleted under a reader, it stays
@@ -578,13 +588,28 @@ impl ObjectCache {
     fn store_file(&self, key: &str, tmp: &Path, len: u64) {
         let Some(disk) = &self.disk else { return };
         let whole = std::fs::metadata(tmp).is_ok_and(|m| m.len() == len);
+        let d = crate::sync::lock(disk);
+        if !whole || std::fs::rename(tmp, d.dir.join(file_name(key))).is_err() {
+            let _ = std::fs::remove_file(tmp);
+            return;
+        }
+        self.count(d, key, len);
+    }
+
+    /// Counts object `key`'s file of `len` bytes, made in the directory
+    /// by its path ([`path_of`](Self::path_of)), in the directory's
+    /// limit, which is then kept.
+    pub(crate) fn added(&self, key: &str, len: u64) {
+        if let Some(disk) = &self.disk {
+            self.count(crate::sync::lock(disk), key, len);
+        }
+    }
+
+    /// Counts the file of `key` (`len` bytes, in the directory now) and
+    /// keeps the directory within its limit (`d`: the directory, locked).
+    fn count(&self, mut d: std::sync::MutexGuard<'_, Disk>, key: &str, len: u64) {
         let scan_now = {
-            let mut d = crate::sync::lock(disk);
             let name = file_name(key);
-            if !whole || std::fs::rename(tmp, d.dir.join(&name)).is_err() {
-                let _ = std::fs::remove_file(tmp);
-                return;
-            }
             let now = now_ns();
             let entry = OnDisk {
                 size: len,
@@ -607,8 +632,10 @@ impl ObjectCache {
             }
             d.dir.clone()
         };
+        drop(d);
         // The listing (a large directory's is slow) runs outside the lock.
         let found = scan(&scan_now);
+        let Some(disk) = &self.disk else { return };
         let mut d = crate::sync::lock(disk);
         d.merge(found);
         d.evict(self.config.disk);

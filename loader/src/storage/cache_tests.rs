@@ -264,3 +264,25 @@ fn a_file_the_node_makes_once_is_claimed_by_one_process() {
     }
     assert!(cache(0, None).claim("index", true).is_none());
 }
+
+#[test]
+fn a_file_made_in_place_counts_in_the_limit_and_is_evicted_like_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(0, Some((dir.path(), 250)));
+    // Each made at its path (a chunked copy), then counted.
+    for (k, key) in ["s3://b/x#chunks", "s3://b/y#chunks", "s3://b/z#chunks"]
+        .iter()
+        .enumerate()
+    {
+        let path = c.path_of(key).unwrap();
+        std::fs::write(&path, vec![k as u8; 100]).unwrap();
+        c.added(key, 100);
+    }
+    let exists = |key: &str| c.path_of(key).unwrap().exists();
+    assert!(
+        !exists("s3://b/x#chunks"),
+        "the oldest is evicted past 250 bytes"
+    );
+    assert!(exists("s3://b/y#chunks") && exists("s3://b/z#chunks"));
+    assert_eq!(crate::sync::lock(c.disk.as_ref().unwrap()).bytes, 200);
+}

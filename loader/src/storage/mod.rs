@@ -148,6 +148,25 @@ pub(crate) fn cache_memory() -> u64 {
     0
 }
 
+/// Whether the remote-object cache in use keeps files in a directory
+/// (shared by the node's processes).
+pub(crate) fn cache_has_dir() -> bool {
+    #[cfg(feature = "remote")]
+    return cache::current().is_some_and(|c| c.has_dir());
+    #[cfg(not(feature = "remote"))]
+    false
+}
+
+/// The byte limit of the remote-object cache's directory, when the
+/// loader's `config` (else the cache in use) keeps one.
+pub(crate) fn cache_dir_limit(config: Option<&RemoteCache>) -> Option<u64> {
+    #[cfg(feature = "remote")]
+    if config.is_none() {
+        return cache::current().and_then(|c| c.dir_limit());
+    }
+    config.filter(|c| c.dir.is_some()).map(|c| c.disk)
+}
+
 /// What the remote-object cache ([`set_cache`]) holds now: `(bytes in
 /// memory, bytes of files in its directory)`, `(0, 0)` without one.
 pub fn cached_bytes() -> (u64, u64) {

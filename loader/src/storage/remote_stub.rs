@@ -119,6 +119,16 @@ pub(crate) mod chunks {
         pub(crate) fn ensure(&self, _range: std::ops::Range<u64>) -> crate::error::Result<()> {
             match self.never {}
         }
+
+        pub(crate) fn read(&self, _offset: u64, _buf: &mut [u8]) -> crate::error::Result<()> {
+            match self.never {}
+        }
+
+        pub(crate) fn of(
+            object: super::Object,
+        ) -> crate::error::Result<(std::fs::File, std::sync::Arc<Chunks>)> {
+            match object.never {}
+        }
     }
 
     pub(crate) fn set_chunk_bytes(_bytes: u64) {}

@@ -7,12 +7,21 @@
 //! chunk serves every sample in it: a request per 32 MiB instead of one
 //! or more per sample, and each byte fetched about once.
 //!
+//! With a cache directory ([`RemoteCache::disk`](crate::storage::RemoteCache::disk))
+//! the chunks go to the node's copy of each object in it instead
+//! (`remote/chunks.rs`: a sparse file a chunk at a time, fetched by one
+//! process of the node under a lock, the others finding it there), so a
+//! window may be many times the memory, the ranks of a node that share a
+//! part fetch its chunks once, and the directory's limit evicts the
+//! oldest copies.
+//!
 //! A chunk wanted by several threads at once is fetched by the first; the
 //! others wait for it (a fetch that fails or panics wakes them, and the
 //! next one tries again). The loader's workers and read-ahead threads run
 //! their reads inside [`Spans::run`]; reads anywhere else (an index pass,
 //! a stream, another loader) are untouched.
 
+use super::remote::chunks::Chunks;
 use super::remote::Object;
 use super::Bytes;
 use crate::error::Result;
@@ -28,6 +37,9 @@ enum Slot {
     Ready { bytes: Bytes, used: u64 },
 }
 
+/// Most objects whose copies in the cache directory a loader keeps open.
+const OPEN_COPIES: usize = 256;
+
 #[derive(Debug, Default)]
 struct State {
     /// By object key and chunk number.
@@ -35,6 +47,8 @@ struct State {
     /// Bytes of the chunks held and being fetched.
     held: u64,
     tick: u64,
+    /// Objects' copies in the cache directory, open, with their last use.
+    copies: HashMap<Arc<str>, (Arc<Chunks>, u64)>,
 }
 
 /// A loader's chunks of remote shards in memory ([module docs](self)).
@@ -92,6 +106,9 @@ impl Spans {
 
     fn read_at(&self, o: &Object, offset: u64, buf: &mut [u8]) -> Result<()> {
         let end = offset + buf.len() as u64;
+        if super::cache_has_dir() {
+            return self.copy_of(o)?.read(offset, buf);
+        }
         for c in offset / self.chunk..end.div_ceil(self.chunk) {
             let bytes = self.chunk_of(o, c)?;
             let start = c * self.chunk;
@@ -100,6 +117,40 @@ impl Spans {
                 .copy_from_slice(&bytes[(from - start) as usize..(to - start) as usize]);
         }
         Ok(())
+    }
+
+    /// `o`'s copy in the cache directory, open (kept open for the next
+    /// reads, the least recently used closed past [`OPEN_COPIES`]).
+    fn copy_of(&self, o: &Object) -> Result<Arc<Chunks>> {
+        let key: Arc<str> = o.key().into();
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.tick += 1;
+            let tick = state.tick;
+            if let Some((copy, used)) = state.copies.get_mut(&key) {
+                *used = tick;
+                return Ok(copy.clone());
+            }
+        }
+        // Opened outside the lock (it may wait on another process's);
+        // two threads opening one object at once both hold it until one
+        // copy is kept: each is the same file.
+        let copy = Chunks::of(o.clone())?.1;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.copies.len() >= OPEN_COPIES {
+            let oldest = state
+                .copies
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                state.copies.remove(&k);
+            }
+        }
+        state.tick += 1;
+        let tick = state.tick;
+        let kept = state.copies.entry(key).or_insert((copy, tick));
+        Ok(kept.0.clone())
     }
 
     /// Chunk `c` of `o`: held, or fetched now (or by another thread, waited for).

@@ -22,7 +22,7 @@ mod budget;
 mod policy;
 
 use crate::stats::Counters;
-pub(crate) use budget::{core_ceiling, default_budget, Budget};
+pub(crate) use budget::{core_ceiling, default_budget, local_ranks, Budget};
 use policy::{Policy, Window};
 pub use policy::{TuneAction, TuneKnob};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

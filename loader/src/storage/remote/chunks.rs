@@ -58,16 +58,25 @@ impl Chunks {
     /// any process of the node), open for reading and mapping, and the
     /// copy's state; `None` for a smaller object (read whole as before).
     pub(crate) fn open(url: &str) -> Result<Option<(File, Arc<Chunks>)>> {
-        let chunk = CHUNK_BYTES.load(Ordering::Relaxed);
         let object = Object::open(url)?;
-        let size = object.len();
-        if size <= 2 * chunk {
+        if object.len() <= 2 * chunk_bytes() {
             return Ok(None);
         }
+        Self::of(object).map(Some)
+    }
+
+    /// [`open`](Self::open) of an object open already, whatever its size.
+    /// A file the node's cache directory gets anew is counted in its
+    /// limit (and evicted like its other files).
+    pub(crate) fn of(object: Object) -> Result<(File, Arc<Chunks>)> {
+        let chunk = chunk_bytes();
+        let size = object.len();
         let n = size.div_ceil(chunk);
         let total = size + n;
         let key = format!("{}#chunks-of-{chunk}", object.key);
-        let shared = super::super::cache::current().and_then(|c| c.path_of(&key));
+        let cache = super::super::cache::current();
+        let shared = cache.as_ref().and_then(|c| c.path_of(&key));
+        let in_dir = shared.is_some();
         let (file, path) = match shared {
             Some(path) => {
                 let file = File::options()
@@ -100,13 +109,16 @@ impl Chunks {
                 // chunk unmarked; the holes take no disk.
                 file.set_len(0).map_err(io(&path))?;
                 file.set_len(total).map_err(io(&path))?;
+                if let Some(c) = cache.as_ref().filter(|_| in_dir) {
+                    c.added(&key, total);
+                }
             }
         }
         let mut marks = vec![0u8; n as usize];
         read_at(&file, &mut marks, size).map_err(io(&path))?;
         let have = marks.iter().map(|&m| AtomicBool::new(m == 1)).collect();
         let reader = file.try_clone().map_err(io(&path))?;
-        Ok(Some((
+        Ok((
             reader,
             Arc::new(Chunks {
                 object,
@@ -117,7 +129,7 @@ impl Chunks {
                 have,
                 fetching: Mutex::new(()),
             }),
-        )))
+        ))
     }
 
     /// The object's size: the bytes of the local file that are its.
@@ -150,6 +162,15 @@ impl Chunks {
             }
         }
         Ok(())
+    }
+
+    /// Fills `buf` with the object's bytes at `offset`, fetching the
+    /// chunks they touch that are not in the copy yet. Errors name the URL
+    /// (a fetch) or the copy (a read).
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let range = offset..offset + buf.len() as u64;
+        self.ensure(range)?;
+        read_at(&self.file, buf, offset).map_err(io(&self.path))
     }
 
     /// Chunk `i`, fetched unless another thread or process did.
