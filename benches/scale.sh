@@ -26,3 +26,11 @@ for how in random blocks; do
   echo "== epoch, rank 3 of 8, $how"
   "$bin" epoch "$dir" 3 8 "$how"
 done
+# The 8 ranks of a node by shard blocks, one part for the node or a part
+# a rank, the chunks in memory or in one cache directory.
+for parts in 1 8; do
+  for how in alone dir; do
+    echo "== node epoch, 8 ranks, $parts part(s), $how"
+    "$bin" node-epoch "$dir" 8 "$parts" "$how"
+  done
+done

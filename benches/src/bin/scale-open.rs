@@ -33,6 +33,13 @@
 //! (after the open) against the rank's share of the shards, its time,
 //! the peak RSS, and the shuffle as the rank saw it: distinct shards in a
 //! batch, and the shards the rank's samples came from.
+//!
+//! `scale-open node-epoch DIR RANKS PARTS [alone]` reads, in `RANKS`
+//! threads at once (the ranks of one node, each a loader of its own),
+//! the whole epoch 0 of ranks `0..RANKS` of `RANKS` by shard blocks in
+//! `PARTS` parts, with one cache directory (`alone`: none, the chunks in
+//! each rank's memory). It prints the node's requests and body bytes as
+//! a multiple of the shards' bytes, and the wall time.
 
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
@@ -302,10 +309,80 @@ fn epoch(
     Ok(())
 }
 
+/// The `node-epoch` mode (see the module's documentation).
+fn node_epoch(
+    dir: &Path,
+    ranks: usize,
+    parts: usize,
+    alone: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::storage::{set_cache, RemoteCache};
+    let (server, urls, shard_bytes) = serve(dir, true)?;
+    let cache = std::env::temp_dir().join(format!("wick-scale-blocks-{}", std::process::id()));
+    if !alone {
+        set_cache(&RemoteCache::memory(0).disk(&cache, 1 << 40))?;
+    }
+    let wds: std::sync::Arc<dyn candle_wick::Source> =
+        std::sync::Arc::new(WebDataset::open(&urls)?);
+    let (r0, b0) = counts(&server);
+    let t = Instant::now();
+    let samples = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let wds = wds.clone();
+                s.spawn(move || -> candle_wick::Result<usize> {
+                    let mut loader = Loader::builder(wds)
+                        .map(bytes_map())
+                        .batch_size(32)
+                        .shuffle(1234)
+                        .workers(1)
+                        .ram_budget(256 << 20)
+                        .shard(rank, ranks)
+                        .shard_blocks(candle_wick::ShardBlocks::new().partitions(parts))
+                        .build()?;
+                    let mut n = 0;
+                    for batch in loader.epoch(0) {
+                        n += batch?.indices.len();
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("a rank's thread"))
+            .sum::<candle_wick::Result<usize>>()
+    })?;
+    let took = t.elapsed().as_secs_f64();
+    let (r1, b1) = counts(&server);
+    println!(
+        "{} shards ({:.1} MB), {ranks} ranks of a node in {parts} part(s), {}: {samples} samples, \
+         {} requests, {} bytes ({:.2}x the shards), {took:.2} s",
+        urls.len(),
+        shard_bytes as f64 / 1e6,
+        if alone {
+            "chunks in memory"
+        } else {
+            "one cache directory"
+        },
+        r1 - r0,
+        b1 - b0,
+        (b1 - b0) as f64 / shard_bytes as f64
+    );
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
-    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks";
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks | scale-open node-epoch DIR RANKS PARTS [alone]";
+    if args.first().map(String::as_str) == Some("node-epoch") {
+        let (Some(dir), Some(ranks), Some(parts)) = (args.get(1), num(2), num(3)) else {
+            return Err(usage.into());
+        };
+        let alone = args.get(4).map(String::as_str) == Some("alone");
+        return node_epoch(Path::new(dir), ranks, parts, alone);
+    }
     if args.first().map(String::as_str) == Some("epoch") {
         let (Some(dir), Some(rank), Some(world), Some(how)) =
             (args.get(1), num(2), num(3), args.get(4))
