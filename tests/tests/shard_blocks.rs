@@ -180,3 +180,30 @@ fn ranks_of_a_node_sharing_a_part_fetch_its_chunks_once_through_the_cache_direct
         "in memory the ranks fetched {apart:?} of {total}"
     );
 }
+
+#[test]
+fn a_shard_rewritten_under_its_chunks_is_an_error_naming_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (server, urls, _) = served(4, 40);
+    candle_wick::storage::__set_chunk_bytes(16 << 10);
+    let source: Arc<dyn Source> = Arc::new(WebDataset::open(&urls).unwrap());
+    // Rewritten after the open: its chunks are asked for the version the
+    // open saw, which the server no longer has.
+    server.put("/wds/s-2.tar", tests::wds_bytes(500, 40, 3_100));
+    let mut loader = builder(source, 0, 1)
+        .shard_blocks(ShardBlocks::new().window(40))
+        .build()
+        .unwrap();
+    let errors: Vec<String> = loader
+        .epoch(0)
+        .filter_map(|b| b.err())
+        .map(|e| candle_wick::error_chain(&e))
+        .collect();
+    candle_wick::storage::__set_chunk_bytes(32 << 20);
+    assert!(!errors.is_empty(), "a rewritten shard was read");
+    assert!(
+        errors[0].contains("s-2.tar"),
+        "the error does not name the shard: {}",
+        errors[0]
+    );
+}

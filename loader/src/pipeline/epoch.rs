@@ -200,11 +200,13 @@ impl Iterator for Epoch<'_> {
                     trace.record("wait for batch", LANE_CONSUMER, t, Instant::now());
                 }
                 // The cache, the timeline, the records read ahead, the
-                // remote-object cache and what the source holds (decoded
-                // Parquet row groups) count in the RAM budget.
+                // remote-object cache, shard blocks' chunks and what the
+                // source holds (decoded Parquet row groups) count in the
+                // RAM budget.
                 let cache = shared.cache.as_ref().map_or(0, Cache::memory)
                     + shared.trace.as_ref().map_or(0, |t| t.memory())
                     + shared.readahead.as_ref().map_or(0, |r| r.memory())
+                    + shared.spans.as_ref().map_or(0, |s| s.memory())
                     + crate::storage::cache_memory()
                     + shared.source.memory();
                 // On the direct hand-over a worker runs a whole batch on a

@@ -76,6 +76,11 @@ impl Spans {
         })
     }
 
+    /// Bytes of chunks held in memory now (and being fetched into it).
+    pub(crate) fn memory(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).held
+    }
+
     /// Runs `f` with `spans` serving this thread's reads of remote blobs
     /// (none: as they are).
     pub(crate) fn run<T>(spans: Option<&Arc<Self>>, f: impl FnOnce() -> T) -> T {
