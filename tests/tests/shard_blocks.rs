@@ -207,3 +207,25 @@ fn a_shard_rewritten_under_its_chunks_is_an_error_naming_it() {
         errors[0]
     );
 }
+
+#[test]
+fn settings_that_cannot_apply_are_errors_at_build() {
+    use candle_wick::source::{MemorySource, Record};
+    let err = |b: LoaderBuilder| match b.build() {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("built"),
+    };
+    let memory = MemorySource::new(vec![Record::encoded("a", vec![0], 0); 4]);
+    let msg = err(builder(Arc::new(memory), 0, 1).shard_blocks(ShardBlocks::new()));
+    assert!(msg.contains("needs a sharded source"), "{msg}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.tar");
+    std::fs::write(&path, tests::wds_bytes(0, 16, 100)).unwrap();
+    let wds: Arc<dyn Source> = Arc::new(WebDataset::open([&path]).unwrap());
+    let msg = err(builder(wds.clone(), 0, 1)
+        .interleave(1, 1)
+        .shard_blocks(ShardBlocks::new()));
+    assert!(msg.contains("applies to random access"), "{msg}");
+    let msg = err(builder(wds, 0, 1).shard_blocks(ShardBlocks::new().window(0)));
+    assert!(msg.contains("at least 1"), "{msg}");
+}

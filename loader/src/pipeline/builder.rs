@@ -313,10 +313,13 @@ impl LoaderBuilder {
     /// part's samples shuffled within windows; rank `r` of as many ranks
     /// as parts reads only part `r`, one window of a few shards at a time
     /// ([`ShardBlocks`](crate::ShardBlocks) has the settings and their
-    /// defaults). Remote shards are then read in 32 MiB ranged requests
-    /// kept in memory (within a quarter of the RAM budget), not a request
-    /// per sample: for a dataset in object storage too large for each
-    /// rank to read at random. A sample moves only within its window (at
+    /// defaults). Remote shards are then read in 32 MiB ranged requests,
+    /// not a request per sample, kept in memory (within a quarter of the
+    /// RAM budget) or, with a cache directory
+    /// ([`RemoteCache::disk`](crate::storage::RemoteCache::disk)), in the
+    /// node's copies of the shards there, which the node's ranks share:
+    /// for a dataset in object storage too large for each rank to read at
+    /// random. A sample moves only within its window (at
     /// most `window` places) while every batch still mixes the shards of a
     /// window; resume is exact, and elastic (any world size) because the
     /// parts stay as the first run cut them. Mosaic Streaming's
@@ -552,18 +555,18 @@ impl LoaderBuilder {
             (_, r) => r == Remainder::Drop,
         };
         let budget = self.ram_budget.unwrap_or_else(default_budget);
+        if self.interleave.is_some() && self.shard_blocks.is_some() {
+            return Err(Error::InvalidConfig(
+                "shard_blocks applies to random access: the streaming mode (interleave) reads \
+                 whole shards already"
+                    .into(),
+            ));
+        }
         let blocks = match self.shard_blocks {
             Some(b) => Some(self.choose_blocks(b, world_size)?),
             None => None,
         };
         let order = match self.interleave {
-            Some(_) if blocks.is_some() => {
-                return Err(Error::InvalidConfig(
-                    "shard_blocks applies to random access: the streaming mode (interleave) \
-                     reads whole shards already"
-                        .into(),
-                ))
-            }
             Some(il) => Order::Stream(StreamPlanner::new(
                 self.source.shards(),
                 self.batch_size,

@@ -6,7 +6,7 @@ use candle_wick::map::TokenWindowsMap;
 use candle_wick::source::{detect, DatasetKind, DocumentWindows, Megatron};
 use candle_wick::stats::Stats;
 use candle_wick::storage::RemoteCache;
-use candle_wick::{CacheMode, Loader, Output, Setting, Source, Transforms};
+use candle_wick::{CacheMode, Loader, Output, Setting, ShardBlocks, Source, Transforms};
 use clap::ValueEnum;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -36,6 +36,18 @@ pub(crate) struct BenchArgs {
     /// Shuffle buffer of the streaming mode (records).
     #[arg(long)]
     pub(crate) shuffle_buffer: Option<usize>,
+    /// Random access by shard blocks (`LoaderBuilder::shard_blocks`):
+    /// shards read a window at a time, remote ones in 32 MiB requests.
+    #[arg(long, conflicts_with = "interleave")]
+    pub(crate) shard_blocks: bool,
+    /// With `--shard-blocks`: the samples a part is shuffled within
+    /// (default: from the RAM budget, or the remote cache directory).
+    #[arg(long, requires = "shard_blocks")]
+    pub(crate) window: Option<usize>,
+    /// With `--shard-blocks`: the parts an epoch is cut into (default: the
+    /// world size the launcher's variables give, 1 for one process).
+    #[arg(long, requires = "shard_blocks")]
+    pub(crate) partitions: Option<usize>,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     pub(crate) batch_size: usize,
@@ -279,6 +291,16 @@ pub(crate) fn bench_with(
     };
     if let Some(n) = a.shuffle_buffer {
         builder = builder.shuffle_buffer(n);
+    }
+    if a.shard_blocks {
+        let mut blocks = ShardBlocks::new();
+        if let Some(w) = a.window {
+            blocks = blocks.window(w);
+        }
+        if let Some(p) = a.partitions {
+            blocks = blocks.partitions(p);
+        }
+        builder = builder.shard_blocks(blocks);
     }
     if let Some(mb) = a.ram_budget_mb {
         builder = builder.ram_budget(mb.saturating_mul(1_000_000));
