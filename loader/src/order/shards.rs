@@ -49,12 +49,15 @@ use crate::rng::Purpose;
 ///   size.
 /// - `window`: the samples a part is shuffled within (a sample stays
 ///   within its window; a window spans about `window / samples per shard`
-///   shards, held in memory while it is read from object storage).
-///   Default: the largest power of two whose bytes fit an eighth of the
+///   shards, whose chunks are held in memory, or in the cache directory
+///   when there is one, while it is read from object storage). Default:
+///   the largest power of two of samples whose bytes fit an eighth of the
 ///   RAM budget ([`LoaderBuilder::ram_budget`](crate::LoaderBuilder::ram_budget)
 ///   when set, else 4 GiB, so that ranks on nodes with different free
-///   memory agree), at least the batch size; a resumed run takes the one
-///   its state was saved with.
+///   memory agree) or, for remote shards with a cache directory, a
+///   quarter of its limit over the node's ranks, whichever is larger; at
+///   least the batch size. A resumed run takes the one its state was
+///   saved with.
 ///
 /// ```
 /// use candle_wick::ShardBlocks;
