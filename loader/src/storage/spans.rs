@@ -127,12 +127,12 @@ impl Spans {
     /// `o`'s copy in the cache directory, open (kept open for the next
     /// reads, the least recently used closed past [`OPEN_COPIES`]).
     fn copy_of(&self, o: &Object) -> Result<Arc<Chunks>> {
-        let key: Arc<str> = o.key().into();
         {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.tick += 1;
             let tick = state.tick;
-            if let Some((copy, used)) = state.copies.get_mut(&key) {
+            // Looked up by the key's text: no allocation on a read that finds it.
+            if let Some((copy, used)) = state.copies.get_mut(o.key()) {
                 *used = tick;
                 return Ok(copy.clone());
             }
@@ -154,7 +154,7 @@ impl Spans {
         }
         state.tick += 1;
         let tick = state.tick;
-        let kept = state.copies.entry(key).or_insert((copy, tick));
+        let kept = state.copies.entry(o.key().into()).or_insert((copy, tick));
         Ok(kept.0.clone())
     }
 
