@@ -34,3 +34,7 @@ for parts in 1 8; do
     "$bin" node-epoch "$dir" 8 "$parts" "$how"
   done
 done
+# TFRecord shards opened read through, from their .idx files, and from a
+# manifest: requests and bytes of the open, and what a record's read asks.
+echo "== tfrecord, 256 shards of 200 records"
+"$bin" tfrecord "${dir}-tfrecord" 256 200

@@ -195,8 +195,14 @@ fn convert_inspect_and_bench_take_urls() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     uploaded.sort();
-    assert_eq!(uploaded.len(), 3, "{uploaded:?}");
+    // Each shard with its `.idx`, and the manifest, uploaded last.
+    assert_eq!(uploaded.len(), 7, "{uploaded:?}");
     assert!(uploaded[0].ends_with("-of-00003.tfrecord"), "{uploaded:?}");
+    assert!(
+        uploaded[1].ends_with("-of-00003.tfrecord.idx"),
+        "{uploaded:?}"
+    );
+    assert_eq!(uploaded[6], "wick-manifest.json");
     for data in [up.clone(), url(&dir.path().join("folder"))] {
         let out = succeed(
             Command::new(env!("CARGO_BIN_EXE_wick"))

@@ -629,3 +629,99 @@ fn a_shard_rewritten_after_indexing_is_refused_by_its_version() {
         "{chain}"
     );
 }
+
+/// TFRecord shards indexed once (`wick index` over HTTP: it reads each
+/// shard's record headers and PUTs its `.idx` and the manifest) open over
+/// HTTP reading the manifest alone, by their URLs or their prefix; a
+/// record's read loads its shard's `.idx` and reads the record (no HEAD:
+/// size and version come from the manifest), nothing of the other
+/// shards. The records are the shards' own, the `.idx` the one `wick
+/// convert` wrote beside them; a shard rewritten since is refused, naming
+/// it.
+#[test]
+fn a_tfrecord_dataset_with_a_manifest_opens_without_reading_a_shard() {
+    use candle_wick::source::{ImageFolder, TfRecord};
+    let dir = tempfile::tempdir().unwrap();
+    image_folder(&dir.path().join("folder"), 4, 30);
+    let folder = ImageFolder::new(dir.path().join("folder")).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::TfRecord,
+        shard_size: 30,
+        ..Default::default()
+    };
+    let local = convert(&folder, &dir.path().join("tf"), &opts, &|_| {}).unwrap();
+    assert_eq!(local.len(), 4);
+    assert!(dir.path().join("tf/wick-manifest.json").exists());
+    let server = ObjectServer::start();
+    let mut shard_bytes = 0;
+    for (k, p) in local.iter().enumerate() {
+        let bytes = std::fs::read(p).unwrap();
+        shard_bytes += bytes.len() as u64;
+        server.put(&format!("/tf/s-{k}.tfrecord"), bytes);
+    }
+    let pattern = server.url("/tf/s-{0..3}.tfrecord");
+    let done = within(60, move || {
+        candle_wick::write::index(Path::new(&pattern), &Default::default())
+    })
+    .unwrap();
+    assert_eq!((done.shards, done.records), (4, 120));
+    let idx = |p: &Path| PathBuf::from(format!("{}.idx", p.display()));
+    assert_eq!(
+        server.get("/tf/s-2.tfrecord.idx").unwrap(),
+        std::fs::read(idx(&local[2])).unwrap()
+    );
+    let manifest = server.get("/tf/wick-manifest.json").unwrap().len() as u64;
+    let (seen, sent) = (server.log().len(), server.bytes_sent());
+    let urls: Vec<String> = (0..4)
+        .map(|k| server.url(&format!("/tf/s-{k}.tfrecord")))
+        .collect();
+    let tf = within(60, move || TfRecord::open(urls)).unwrap();
+    assert_eq!(tf.len(), 120);
+    let opened = server.bytes_sent() - sent;
+    assert!(
+        opened <= manifest && opened * 100 < shard_bytes,
+        "opening sent {opened} bytes: the manifest is {manifest}, the shards {shard_bytes}"
+    );
+    assert_eq!(
+        server.log()[seen..],
+        ["GET /tf/wick-manifest.json auth=None"]
+    );
+
+    let seen = server.log().len();
+    let prefix = server.url("/tf/");
+    let by_prefix = within(60, move || open_path(prefix)).unwrap();
+    assert_eq!(by_prefix.len(), 120);
+    assert_eq!(
+        server.log()[seen..],
+        ["GET /tf/wick-manifest.json auth=None"]
+    );
+
+    // Record 75, of shard 2: its `.idx` and the record.
+    let seen = server.log().len();
+    let r = tf.read(75).unwrap();
+    assert_eq!(
+        server.log()[seen..],
+        [
+            "GET /tf/s-2.tfrecord.idx auth=None",
+            "GET /tf/s-2.tfrecord auth=None"
+        ]
+    );
+    // The records the local shards hold (opened through the manifest
+    // `wick convert` wrote beside them).
+    let plain = TfRecord::open(&local).unwrap();
+    assert_eq!(plain.len(), 120);
+    assert_eq!(r.bytes, plain.read(75).unwrap().bytes);
+    for i in [0, 29, 30, 119] {
+        let (a, b) = (tf.read(i).unwrap(), plain.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "record {i}");
+    }
+
+    // Shard 3, not read yet, rewritten after the manifest: refused when
+    // it is first read.
+    server.put("/tf/s-3.tfrecord", std::fs::read(&local[2]).unwrap());
+    let chain = error_chain(&tf.read(100).unwrap_err());
+    assert!(
+        chain.contains("s-3.tfrecord") && chain.contains("wick index"),
+        "{chain}"
+    );
+}

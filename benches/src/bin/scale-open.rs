@@ -40,6 +40,15 @@
 //! `PARTS` parts, with one cache directory (`alone`: none, the chunks in
 //! each rank's memory). It prints the node's requests and body bytes as
 //! a multiple of the shards' bytes, and the wall time.
+//!
+//! `scale-open tfrecord DIR SHARDS RECORDS` writes `SHARDS` TFRecord
+//! shards of `RECORDS` `tf.train.Example`s each (a 2 KB image and a
+//! label) into `DIR/shards` (once), indexes them over HTTP as `wick index
+//! URL` does (their `.idx` files and manifest kept in `DIR/index`), then
+//! opens them by URL three ways, each from a fresh counting server: with
+//! neither the `.idx` files nor the manifest served (read through), with
+//! the `.idx` files, and with both. It prints each open's
+//! requests, body bytes and time, and what reading one record then asks.
 
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
@@ -372,10 +381,95 @@ fn node_epoch(
     Ok(())
 }
 
+/// The `tfrecord` mode (see the module's documentation).
+fn tfrecord(dir: &Path, shards: usize, records: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::source::TfRecord;
+    use candle_wick::write::{ShardSample, ShardWriter, TfRecordWriter};
+    let (data, index) = (dir.join("shards"), dir.join("index"));
+    let name = |k: usize| format!("s-{k:06}.tfrecord");
+    if !index.join("manifest.json").exists() {
+        std::fs::create_dir_all(&data)?;
+        std::fs::create_dir_all(&index)?;
+        let image = vec![0xa5u8; 2048];
+        for k in 0..shards {
+            let mut w = TfRecordWriter::create(data.join(name(k)))?;
+            for i in 0..records {
+                w.write(ShardSample {
+                    key: &format!("{:09}", k * records + i),
+                    ext: "jpg",
+                    bytes: &image,
+                    label: (i % 1000) as u32,
+                })?;
+            }
+            w.finish()?;
+        }
+        let server = ObjectServer::start();
+        server.put_dir("/ds", &data);
+        let pattern = server.url(&format!("/ds/s-{{000000..{:06}}}.tfrecord", shards - 1));
+        candle_wick::write::index(Path::new(&pattern), &WebDatasetOptions::default())?;
+        for k in 0..shards {
+            let idx = format!("{}.idx", name(k));
+            let bytes = server.get(&format!("/ds/{idx}")).ok_or("no .idx written")?;
+            std::fs::write(index.join(idx), bytes)?;
+        }
+        let manifest = server.get("/ds/wick-manifest.json").ok_or("no manifest")?;
+        std::fs::write(index.join("manifest.json"), manifest)?;
+    }
+    let shard_bytes: u64 = (0..shards)
+        .map(|k| std::fs::metadata(data.join(name(k))).map_or(0, |m| m.len()))
+        .sum();
+    println!(
+        "{shards} TFRecord shards of {records} records ({:.1} MB)",
+        shard_bytes as f64 / 1e6
+    );
+    println!("| open | requests | bytes (% of the shards) | time | a record's read |");
+    println!("|---|---:|---:|---:|---|");
+    for how in ["read through", ".idx files", "manifest"] {
+        let server = ObjectServer::start();
+        server.put_dir("/ds", &data);
+        for k in (0..shards).filter(|_| how != "read through") {
+            let idx = format!("{}.idx", name(k));
+            server.put(&format!("/ds/{idx}"), std::fs::read(index.join(&idx))?);
+        }
+        if how == "manifest" {
+            let m = std::fs::read(index.join("manifest.json"))?;
+            server.put("/ds/wick-manifest.json", m);
+        }
+        let urls: Vec<PathBuf> = (0..shards)
+            .map(|k| PathBuf::from(server.url(&format!("/ds/{}", name(k)))))
+            .collect();
+        let t = Instant::now();
+        let tf = TfRecord::open(&urls)?;
+        let took = t.elapsed();
+        let (requests, bytes) = counts(&server);
+        if candle_wick::Source::len(&tf) != shards * records {
+            return Err(format!("{how}: {} records", candle_wick::Source::len(&tf)).into());
+        }
+        candle_wick::Source::read(&tf, shards / 2 * records + records / 2)?;
+        let read: Vec<String> = server.log()[requests..]
+            .iter()
+            .map(|l| l.split(" auth").next().unwrap_or(l).replace("/ds/", ""))
+            .collect();
+        println!(
+            "| {how} | {requests} | {bytes} ({:.3}%) | {:.3} s | {} |",
+            100.0 * bytes as f64 / shard_bytes as f64,
+            took.as_secs_f64(),
+            read.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
-    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks | scale-open node-epoch DIR RANKS PARTS [alone]";
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks | scale-open node-epoch DIR RANKS PARTS [alone] | scale-open tfrecord DIR SHARDS RECORDS";
+    if args.first().map(String::as_str) == Some("tfrecord") {
+        let (Some(dir), Some(shards), Some(records)) = (args.get(1), num(2), num(3)) else {
+            return Err(usage.into());
+        };
+        return tfrecord(Path::new(dir), shards, records);
+    }
     if args.first().map(String::as_str) == Some("node-epoch") {
         let (Some(dir), Some(ranks), Some(parts)) = (args.get(1), num(2), num(3)) else {
             return Err(usage.into());

@@ -552,8 +552,8 @@ fn detect_in(path: &Path) -> Result<Detected> {
     })
 }
 
-/// The WebDataset shards that a manifest under the URL prefix `path`
-/// lists: one GET and no listing (an HTTP server cannot list; a prefix of
+/// The WebDataset or TFRecord shards that a manifest under the URL prefix
+/// `path` lists: one GET and no listing (an HTTP server cannot list; a prefix of
 /// 10^5 shards and their index files is hundreds of listing pages). `None`
 /// for a local path (its folder is surveyed: a readdir), a URL naming a
 /// file or a brace pattern, or a prefix without a manifest.
@@ -574,15 +574,21 @@ fn manifest_shards(path: &Path) -> Result<Option<Detected>> {
     let Some(m) = Manifest::read(&dir)? else {
         return Ok(None);
     };
-    if m.format != shards::webdataset::MANIFEST_FORMAT || m.shards.is_empty() {
+    let kind = match m.format.as_str() {
+        shards::webdataset::MANIFEST_FORMAT => DatasetKind::WebDataset,
+        shards::tfrecord::MANIFEST_FORMAT => DatasetKind::TfRecord,
+        _ => return Ok(None),
+    };
+    if m.shards.is_empty() {
         return Ok(None);
     }
     Ok(Some(Detected {
-        kind: DatasetKind::WebDataset,
+        kind,
         paths: m.shards.iter().map(|s| join(&dir, &s.name)).collect(),
         why: format!(
-            "{} WebDataset shards, as its {MANIFEST_NAME} lists them",
-            m.shards.len()
+            "{} {}, as its {MANIFEST_NAME} lists them",
+            m.shards.len(),
+            format(kind).name
         ),
         strays: Vec::new(),
     }))

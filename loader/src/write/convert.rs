@@ -133,10 +133,19 @@ pub fn convert(
         source,
     })?;
     let mut written: Vec<PathBuf> = Vec::new();
-    // A WebDataset's shards are indexed as they are written (each index
-    // file goes where its shard goes), and its manifest written last.
-    let indexing = opts.format == ShardFormat::WebDataset;
+    // A WebDataset's or TFRecord's shards are indexed as they are written
+    // (each index file goes where its shard goes), and its manifest
+    // written last.
+    let indexing = matches!(opts.format, ShardFormat::WebDataset | ShardFormat::TfRecord);
     let wds = crate::source::WebDatasetOptions::default();
+    let index_one = |p: &Path| match opts.format {
+        ShardFormat::TfRecord => super::index::index_tfrecord(p, &wds),
+        _ => super::index::index_one(p, &wds),
+    };
+    let write_manifest = |dir: &Path, listed: Vec<_>| match opts.format {
+        ShardFormat::TfRecord => super::index::write_tfrecord_manifest(dir, listed),
+        _ => super::index::write_manifest(dir, &wds, listed),
+    };
     let mut listed = Vec::new();
     let companions = |p: &Path| {
         [
@@ -148,13 +157,13 @@ pub fn convert(
         let done = convert_into(source, &local, opts, progress, &mut |p| {
             written.push(p.to_path_buf());
             if indexing {
-                listed.push(super::index::index_one(p, &wds)?);
+                listed.push(index_one(p)?);
             }
             Ok(p.to_path_buf())
         });
         let done = done.and_then(|paths| {
             if indexing {
-                super::index::write_manifest(&local, &wds, std::mem::take(&mut listed))?;
+                write_manifest(&local, std::mem::take(&mut listed))?;
             }
             Ok(paths)
         });
@@ -175,7 +184,7 @@ pub fn convert(
         // The index beside its shard goes up too: a TFRecord's `.idx`,
         // a WebDataset's `.wickidx` (made here, from the local file).
         let mut entry = match indexing {
-            true => Some(super::index::index_one(shard, &wds)?),
+            true => Some(index_one(shard)?),
             false => None,
         };
         // Named by the path under the folder (a Parquet shard is in data/).
@@ -204,7 +213,7 @@ pub fn convert(
     };
     let uploaded = convert_into(source, &local, opts, progress, &mut up).and_then(|paths| {
         if indexing {
-            let manifest = super::index::write_manifest(dst, &wds, std::mem::take(&mut listed))?;
+            let manifest = write_manifest(dst, std::mem::take(&mut listed))?;
             written.push(manifest.manifest);
         }
         Ok(paths)

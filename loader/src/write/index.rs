@@ -1,11 +1,13 @@
-//! Indexing a WebDataset once (what `wick index` runs): an index file
-//! beside each shard (`<shard>.wickidx`) and a manifest in their folder
-//! (`wick-manifest.json`), so that every later open reads the manifest
-//! instead of every shard's tar headers, and each rank loads the index of
-//! a shard only when it reads the shard.
+//! Indexing a WebDataset or TFRecord dataset once (what `wick index`
+//! runs): an index file beside each shard (a WebDataset shard's
+//! `<shard>.wickidx`, an uncompressed TFRecord shard's `<shard>.idx`) and
+//! a manifest in their folder (`wick-manifest.json`), so that every later
+//! open reads the manifest instead of every shard's headers, and each
+//! rank loads the index of a shard only when it reads the shard.
 
 use crate::error::{Error, Result};
-use crate::formats::shards::manifest::{self, Listed, Manifest, MANIFEST_NAME};
+use crate::formats::shards::manifest::{self, IndexedWith, Listed, Manifest, MANIFEST_NAME};
+use crate::formats::shards::tfrecord::{self, Compression};
 use crate::formats::shards::webdataset::{self, indexed_with, sidecar_path, MANIFEST_FORMAT};
 use crate::formats::shards::webdataset_index::ShardIndex;
 use crate::formats::DatasetKind;
@@ -27,14 +29,20 @@ pub struct Indexed {
     pub index_bytes: u64,
 }
 
-/// Indexes the WebDataset at `path` (a folder, a URL prefix, a brace
-/// pattern or one `.tar` shard) with `opts`: reads each shard's tar
+/// Indexes the WebDataset or TFRecord shards at `path` (a folder, a URL
+/// prefix, a brace pattern or one shard) with `opts`: reads each shard's
 /// headers once (local shards on every core, remote ones 16 at a time),
 /// writes its index file beside it, then the manifest in the shards'
 /// folder, last, so a manifest is there only when every index it lists
 /// is. [`WebDataset::open_with`](crate::source::WebDataset::open_with)
-/// with the same options then opens the shards without reading them.
-/// Running it again replaces both (after the shards were rewritten, say).
+/// with the same options, or
+/// [`TfRecord::open_with`](crate::source::TfRecord::open_with), then
+/// opens the shards without reading them. Running it again replaces both
+/// (after the shards were rewritten, say).
+///
+/// TFRecord shards take only `opts.shard` (damage handling): their index
+/// is the records' offsets, DALI's `.idx` (none for a compressed shard,
+/// which is read in order: the manifest gives its count).
 ///
 /// ```no_run
 /// # fn main() -> candle_wick::Result<()> {
@@ -45,12 +53,11 @@ pub struct Indexed {
 /// ```
 pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
     let found = crate::formats::detect(path)?;
-    if found.kind != DatasetKind::WebDataset {
+    if !matches!(found.kind, DatasetKind::WebDataset | DatasetKind::TfRecord) {
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!(
-                "holds {} ({}); wick index writes the manifest of WebDataset shards (a \
-                 TFRecord shard's index is its .idx file, which wick convert writes)",
+                "holds {} ({}); wick index writes the manifest of WebDataset or TFRecord shards",
                 found.kind.name(),
                 found.why
             ),
@@ -69,10 +76,17 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
             source: None,
         });
     }
-    let listed = crate::formats::shards::open_each(&found.paths, |p| index_one(p, opts))
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
-    write_manifest(&dir, opts, listed)
+    let tfrecord = found.kind == DatasetKind::TfRecord;
+    let listed = crate::formats::shards::open_each(&found.paths, |p| match tfrecord {
+        true => index_tfrecord(p, opts),
+        false => index_one(p, opts),
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
+    match tfrecord {
+        true => write_tfrecord_manifest(&dir, listed),
+        false => write_manifest(&dir, opts, listed),
+    }
 }
 
 /// Indexes shard `path` and writes its index file beside it (an object
@@ -92,17 +106,55 @@ pub(crate) fn index_one(path: &Path, opts: &WebDatasetOptions) -> Result<Listed>
     })
 }
 
+/// Indexes TFRecord shard `path` (damage handled as `opts.shard` says)
+/// and, uncompressed, writes its `.idx` beside it; returns what the
+/// manifest lists of it.
+pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Listed> {
+    let c = tfrecord::count(path, Compression::Auto, &opts.shard)?;
+    let (index_bytes, index_crc) = match c.compressed || c.count == 0 {
+        true => (0, 0),
+        false => {
+            let text = tfrecord::index_text(&c.records);
+            put(&tfrecord::index_path(path), &text)?;
+            (text.len() as u64, crc32c::crc32c(&text))
+        }
+    };
+    Ok(Listed {
+        name: manifest::split(path).1,
+        size: c.len,
+        version: c.blob.version(),
+        records: c.count as u64,
+        index_bytes,
+        index_crc,
+        damage: c.damage.into_iter().map(|d| (d.offset, d.reason)).collect(),
+    })
+}
+
+/// Writes the manifest of TFRecord shards `listed` in `dir`.
+pub(crate) fn write_tfrecord_manifest(dir: &Path, listed: Vec<Listed>) -> Result<Indexed> {
+    let m = Manifest::new(tfrecord::MANIFEST_FORMAT, IndexedWith::default(), listed);
+    put_manifest(dir, m)
+}
+
 /// Writes the manifest of `listed` (shards indexed with `opts`) in `dir`.
 pub(crate) fn write_manifest(
     dir: &Path,
     opts: &WebDatasetOptions,
     listed: Vec<Listed>,
 ) -> Result<Indexed> {
+    put_manifest(
+        dir,
+        Manifest::new(MANIFEST_FORMAT, indexed_with(opts), listed),
+    )
+}
+
+/// Writes manifest `m` in `dir` (last, after the index files it lists).
+fn put_manifest(dir: &Path, m: Manifest) -> Result<Indexed> {
+    let listed = &m.shards;
     let shards = listed.len();
     let records = listed.iter().map(|l| l.records).sum();
     let shard_bytes = listed.iter().map(|l| l.size).sum();
     let mut index_bytes: u64 = listed.iter().map(|l| l.index_bytes).sum();
-    let m = Manifest::new(MANIFEST_FORMAT, indexed_with(opts), listed);
     let bytes = m.to_bytes();
     index_bytes += bytes.len() as u64;
     let path = manifest::join(dir, MANIFEST_NAME);

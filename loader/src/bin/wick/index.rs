@@ -1,5 +1,6 @@
-//! `wick index`: a WebDataset's manifest and per-shard index files, written
-//! once beside its shards, so that opening it reads no shard.
+//! `wick index`: a WebDataset's or TFRecord dataset's manifest and
+//! per-shard index files, written once beside its shards, so that opening
+//! it reads no shard.
 
 use candle_wick::source::{ShardOptions, WebDatasetOptions};
 use std::path::PathBuf;
@@ -7,14 +8,15 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct IndexArgs {
-    /// The WebDataset: a folder, URL prefix (`s3://bucket/laion/`), brace
-    /// pattern or `.tar` shard.
+    /// The WebDataset or TFRecord shards: a folder, URL prefix
+    /// (`s3://bucket/laion/`), brace pattern or one shard.
     pub(crate) data: PathBuf,
     /// Extension of the label member (`cls`, `json`, ...), as the loader
-    /// will open the shards with; `none` for shards without labels.
+    /// will open the shards with; `none` for shards without labels
+    /// (WebDataset only).
     #[arg(long, default_value = "cls")]
     pub(crate) label_ext: String,
-    /// The field of a JSON label member.
+    /// The field of a JSON label member (WebDataset only).
     #[arg(long, default_value = "label")]
     pub(crate) json_label_field: String,
     /// Keep the records before damage in a shard (and list the damage in

@@ -3,8 +3,8 @@
 //! `wick bench DATA` runs the loader over a dataset with no model attached
 //! and reports its throughput, per-stage times and peak memory.
 //! `wick convert SRC DST` writes a dataset as TFRecord, WebDataset tar or
-//! safetensors shards. `wick index DATA` writes a WebDataset's manifest
-//! and per-shard indexes, so that opening it reads no shard.
+//! safetensors shards. `wick index DATA` writes a WebDataset's or TFRecord
+//! dataset's manifest and per-shard indexes, so that opening it reads no shard.
 //! `wick inspect DATA` decodes every sample and lists
 //! formats, modes, sizes and every bad file with its reason (exit code 1
 //! when any is bad).
@@ -38,8 +38,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a dataset as TFRecord, WebDataset tar or safetensors shards.
     Convert(convert::ConvertArgs),
-    /// Write a WebDataset's manifest and per-shard indexes beside its
-    /// shards, so that opening it reads no shard.
+    /// Write a WebDataset's or TFRecord dataset's manifest and per-shard indexes
+    /// beside its shards, so that opening it reads no shard.
     Index(index::IndexArgs),
     /// Decode every sample; list formats, modes, sizes and bad files.
     Inspect(inspect::InspectArgs),

@@ -1,15 +1,17 @@
 //! A dataset's manifest (`wick-manifest.json`, written by `wick index` and
 //! `wick convert` beside the shards): each shard's name, size, version,
-//! record count and the checksum of its index sidecar, and the options the
-//! sidecars were made with. Opening shards that a manifest lists reads the
+//! record count and the checksum of its index sidecar (a WebDataset
+//! shard's `.wickidx`, an uncompressed TFRecord shard's `.idx`), and the
+//! options the sidecars were made with. Opening shards that a manifest lists reads the
 //! manifest (one request for a folder of shards) and no shard byte; a
 //! shard's sidecar is read when the shard is first read.
 
 use crate::error::{Error, Result};
-use crate::storage::{is_url, url_of};
+use crate::storage::{is_url, url_of, Backing, Blob};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 /// The manifest's file name, in the shards' folder.
 pub(crate) const MANIFEST_NAME: &str = "wick-manifest.json";
@@ -19,11 +21,15 @@ const VERSION: u32 = 1;
 const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
 /// What the sidecars were made with: opening with other options (another
-/// label extension) indexes the shards anew.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// label extension) indexes the shards anew. A TFRecord index (record
+/// offsets) depends on no option: its are empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct IndexedWith {
+    #[serde(default)]
     pub(crate) image_exts: Vec<String>,
+    #[serde(default)]
     pub(crate) label_ext: Option<String>,
+    #[serde(default)]
     pub(crate) json_label_field: String,
 }
 
@@ -95,9 +101,8 @@ impl Manifest {
     }
 
     /// What no index pass writes: a shard named outside its folder, or
-    /// more samples than its bytes can hold (a tar member takes at least
-    /// 512 bytes), so that a lying manifest is refused before any count
-    /// of it is used.
+    /// more samples than its bytes can hold ([`most_records`]), so that a
+    /// lying manifest is refused before any count of it is used.
     fn check(&self) -> std::result::Result<(), String> {
         let mut total: u64 = 0;
         for s in &self.shards {
@@ -111,7 +116,7 @@ impl Manifest {
                     "lists a shard named {n:?}, not a file in its folder"
                 ));
             }
-            if s.records > s.size / 512 {
+            if s.records > most_records(&self.format, n, s.size) {
                 return Err(format!(
                     "lists {} samples in {n}, which is {} bytes: more than it can hold",
                     s.records, s.size
@@ -126,6 +131,132 @@ impl Manifest {
         let mut out = serde_json::to_vec_pretty(self).expect("a manifest serialises");
         out.push(b'\n');
         out
+    }
+}
+
+/// The most records a shard of `format` named `name` can hold in `size`
+/// bytes: a tar member takes at least 512 bytes (a WebDataset sample at
+/// least one member); a TFRecord record at least its 16 bytes of framing,
+/// which a compressed shard (`.gz`, `.zz`) holds in no less than a 1,032nd
+/// of that (DEFLATE's largest ratio).
+fn most_records(format: &str, name: &str, size: u64) -> u64 {
+    match format {
+        "tfrecord"
+            if [".gz", ".gzip", ".zz", ".zlib"]
+                .iter()
+                .any(|e| name.ends_with(e)) =>
+        {
+            size.saturating_mul(1032) / 16
+        }
+        "tfrecord" => size / 16,
+        _ => size / 512,
+    }
+}
+
+/// The shard at `path` as `manifest` lists it (`listed`): opened with its
+/// listed size and version (an object with a version with no request, its
+/// reads asking for that version, so a rewritten one is refused by its
+/// store on the first read), and an error naming it, saying to index
+/// again, when its size or version is not the listed one.
+pub(crate) fn open_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<(Blob, u64)> {
+    let (blob, len) = Blob::open_listed(path, listed.size, listed.version.as_deref())?;
+    if len != listed.size {
+        let what = format!("the shard is {len} bytes, not {}", listed.size);
+        return Err(changed(path, manifest, &what));
+    }
+    if let (Some(was), Some(now)) = (&listed.version, blob.version()) {
+        if *was != now {
+            let what = format!("the shard's version is {now}, not {was}");
+            return Err(changed(path, manifest, &what));
+        }
+    }
+    Ok((blob, len))
+}
+
+/// Shard `path`'s sidecar (`sidecar`, its index file) as `manifest` lists
+/// it, mapped (a remote one from the cache directory, fetched once a
+/// node, with no HEAD): an error naming the sidecar when its size or
+/// checksum (`checksum` of its bytes) is not the listed one.
+pub(crate) fn map_sidecar(
+    sidecar: &Path,
+    manifest: &Path,
+    listed: &Listed,
+    checksum: fn(&[u8]) -> u32,
+) -> Result<Backing> {
+    let tag = format!("crc32c-{:08x}", listed.index_crc);
+    let known = Some((listed.index_bytes, tag.as_str()));
+    let backing = crate::storage::map_backed(sidecar, known)?;
+    let map = backing.bytes();
+    if map.len() as u64 != listed.index_bytes || checksum(map) != listed.index_crc {
+        let what = "the shard's index is not the one the manifest lists";
+        return Err(changed(sidecar, manifest, what));
+    }
+    Ok(backing)
+}
+
+/// The error of a shard (or its sidecar) at `path` that is not as
+/// `manifest` lists it: `what`, and that it changed since.
+pub(crate) fn changed(path: &Path, manifest: &Path, what: &str) -> Error {
+    let again = format!(
+        "it changed since {} was written: run `wick index` on its folder again",
+        crate::error::redact(&manifest.to_string_lossy())
+    );
+    crate::error::shard_error(path, 0, format!("{what}: {again}"))
+}
+
+/// A shard's file and index: made at open when the shard was indexed
+/// then, else loaded once, on its first read, from what its manifest
+/// lists of it.
+#[derive(Debug)]
+pub(crate) struct Lazy<T> {
+    value: OnceLock<T>,
+    /// Held while the value is loaded, so it is loaded once.
+    loading: Mutex<()>,
+    /// The manifest that lists the shard, and what it says of it.
+    listed: Option<(PathBuf, Listed)>,
+}
+
+impl<T> Lazy<T> {
+    /// `value`, made at open, or (`None`) one to load from `listed`.
+    pub(crate) fn new(value: Option<T>, listed: Option<(PathBuf, Listed)>) -> Self {
+        let lazy = Self {
+            value: OnceLock::new(),
+            loading: Mutex::new(()),
+            listed,
+        };
+        if let Some(v) = value {
+            let _ = lazy.value.set(v);
+        }
+        lazy
+    }
+
+    /// The value, if it is made.
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.value.get()
+    }
+
+    /// The manifest that lists the shard, and what it says of it.
+    pub(crate) fn listed(&self) -> Option<&(PathBuf, Listed)> {
+        self.listed.as_ref()
+    }
+
+    /// The value, made by `load(manifest, listed)` on the first call (one
+    /// thread loads it, the others wait); a load that fails is an error,
+    /// and the next call tries again.
+    pub(crate) fn load(&self, load: impl FnOnce(&Path, &Listed) -> Result<T>) -> Result<&T> {
+        if let Some(v) = self.value.get() {
+            return Ok(v);
+        }
+        let _one = crate::sync::lock(&self.loading);
+        if let Some(v) = self.value.get() {
+            return Ok(v);
+        }
+        let (manifest, listed) = self
+            .listed
+            .as_ref()
+            .expect("a shard not indexed at open is listed");
+        let v = load(manifest, listed)?;
+        Ok(self.value.get_or_init(|| v))
     }
 }
 
@@ -187,6 +318,13 @@ pub(crate) fn lookup(
         out.push(listed);
     }
     Ok(out)
+}
+
+/// The paths of `paths` that no manifest lists (`listed`, from
+/// [`lookup`]), in order.
+pub(crate) fn unlisted(paths: &[PathBuf], listed: &[Option<(PathBuf, Listed)>]) -> Vec<PathBuf> {
+    let none = paths.iter().zip(listed).filter(|(_, l)| l.is_none());
+    none.map(|(p, _)| p.clone()).collect()
 }
 
 /// Whether manifest `m` (at `path`) was made with `options`; when not,

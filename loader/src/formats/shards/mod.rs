@@ -126,6 +126,23 @@ impl ShardSet {
         }
     }
 
+    /// Appends shard `path` as a manifest lists it (`listed`), with the
+    /// damage its index pass left out handled as `opts` says (an error,
+    /// or skipped and noted); returns its record count.
+    pub(crate) fn push_listed(
+        &mut self,
+        opts: &ShardOptions,
+        path: &Path,
+        listed: &manifest::Listed,
+    ) -> Result<usize> {
+        for (offset, reason) in &listed.damage {
+            self.damaged(opts, path, *offset, reason.clone())?;
+        }
+        let records = listed.records as usize;
+        self.push(path, records);
+        Ok(records)
+    }
+
     /// Handles damage found while opening `path`: an error, or (skipping)
     /// a note in the damage list.
     pub(crate) fn damaged(

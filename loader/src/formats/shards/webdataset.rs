@@ -2,7 +2,7 @@
 //! the first dot of the file name: `0001.jpg` + `0001.cls`) and follow one
 //! another in the archive.
 
-use super::manifest::{self, IndexedWith, Listed};
+use super::manifest::{self, IndexedWith, Lazy, Listed};
 use super::webdataset_index::{IndexBuilder, Member, ShardIndex, SIDECAR_SUFFIX};
 use super::{ShardOptions, ShardSet};
 use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
@@ -13,7 +13,6 @@ use crate::formats::{DatasetKind, Format};
 use crate::storage::Blob;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
 
 /// Largest label file read (`.cls`, `.json`).
 const MAX_LABEL_BYTES: u64 = 64 << 10;
@@ -75,13 +74,9 @@ pub struct WebDataset {
 #[derive(Debug)]
 struct Shard {
     path: PathBuf,
-    /// Its file and index: set at open when the shard was indexed then,
-    /// else on its first read, from what its manifest lists.
-    opened: OnceLock<Opened>,
-    /// Held while the shard's index is loaded, so it is loaded once.
-    loading: Mutex<()>,
-    /// The manifest that lists the shard, and what it says of it.
-    listed: Option<(PathBuf, Listed)>,
+    /// Its file and index: made at open, or loaded from its manifest's
+    /// listing on its first read.
+    opened: Lazy<Opened>,
 }
 
 impl Shard {
@@ -147,12 +142,7 @@ impl WebDataset {
     ) -> Result<Self> {
         let paths = super::owned(paths);
         let listed = manifest::lookup(&paths, MANIFEST_FORMAT, &indexed_with(&opts))?;
-        let unlisted: Vec<PathBuf> = paths
-            .iter()
-            .zip(&listed)
-            .filter(|(_, l)| l.is_none())
-            .map(|(p, _)| p.clone())
-            .collect();
+        let unlisted = manifest::unlisted(&paths, &listed);
         if !unlisted.is_empty() {
             hint(&unlisted);
         }
@@ -160,33 +150,24 @@ impl WebDataset {
         let mut set = ShardSet::default();
         let mut shards = Vec::with_capacity(paths.len());
         for (path, listed) in paths.into_iter().zip(listed) {
-            let opened = OnceLock::new();
-            let records = match &listed {
-                Some((_, l)) => {
-                    for (offset, reason) in &l.damage {
-                        set.damaged(&opts.shard, &path, *offset, reason.clone())?;
-                    }
-                    l.records as usize
-                }
+            let mut opened = None;
+            match &listed {
+                Some((_, l)) => drop(set.push_listed(&opts.shard, &path, l)?),
                 None => {
                     let s = scanned
                         .next()
                         .expect("one scan a shard no manifest lists")?;
                     set.damage.extend(s.damage);
-                    let records = s.index.len();
-                    let _ = opened.set(Opened {
+                    set.push(&path, s.index.len());
+                    opened = Some(Opened {
                         blob: s.blob,
                         index: s.index,
                     });
-                    records
                 }
-            };
-            set.push(&path, records);
+            }
             shards.push(Shard {
                 path,
-                opened,
-                loading: Mutex::new(()),
-                listed,
+                opened: Lazy::new(opened, listed),
             });
         }
         Ok(Self { shards, set })
@@ -196,19 +177,9 @@ impl WebDataset {
     /// its first read.
     fn opened(&self, s: usize) -> Result<&Opened> {
         let shard = &self.shards[s];
-        if let Some(o) = shard.opened.get() {
-            return Ok(o);
-        }
-        let _one = crate::sync::lock(&shard.loading);
-        if let Some(o) = shard.opened.get() {
-            return Ok(o);
-        }
-        let (manifest, listed) = shard
-            .listed
-            .as_ref()
-            .expect("a shard not indexed at open is listed");
-        let o = load_listed(&shard.path, manifest, listed)?;
-        Ok(shard.opened.get_or_init(|| o))
+        shard
+            .opened
+            .load(|manifest, listed| load_listed(&shard.path, manifest, listed))
     }
 }
 
@@ -353,42 +324,20 @@ fn hint(paths: &[PathBuf]) {
 
 /// Shard `path`'s file and index from what `manifest` lists of it: the
 /// shard must have the size (and version) it had when it was indexed,
-/// and its index file the size and checksum the manifest gives. An object
-/// with a version is opened with no request, its reads asking for that
-/// version (a rewritten one is refused by its store on the first read).
+/// and its index file the size and checksum the manifest gives
+/// ([`manifest::open_listed`], [`manifest::map_sidecar`]).
 fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> {
-    let (blob, len) = Blob::open_listed(path, listed.size, listed.version.as_deref())?;
-    let again = format!(
-        "it changed since {} was written: run `wick index` on its folder again",
-        crate::error::redact(&manifest.to_string_lossy())
-    );
-    if len != listed.size {
-        let what = format!("the shard is {len} bytes, not {}: {again}", listed.size);
-        return Err(shard_error(path, 0, what));
-    }
-    if let (Some(was), Some(now)) = (&listed.version, blob.version()) {
-        if *was != now {
-            let what = format!("the shard's version is {now}, not {was}: {again}");
-            return Err(shard_error(path, 0, what));
-        }
-    }
+    let (blob, len) = manifest::open_listed(path, manifest, listed)?;
     let sidecar = sidecar_path(path);
-    let tag = format!("crc32c-{:08x}", listed.index_crc);
-    let known = Some((listed.index_bytes, tag.as_str()));
-    let backing = crate::storage::map_backed(&sidecar, known)?;
-    let map = backing.bytes();
-    if map.len() as u64 != listed.index_bytes || ShardIndex::checksum(map) != listed.index_crc {
-        let what = format!("the shard's index is not the one the manifest lists: {again}");
-        return Err(shard_error(&sidecar, 0, what));
-    }
+    let backing = manifest::map_sidecar(&sidecar, manifest, listed, ShardIndex::checksum)?;
     let index = ShardIndex::parse(backing, len).map_err(|c| shard_error(&sidecar, 0, c))?;
     if index.len() as u64 != listed.records {
         let what = format!(
-            "the index holds {} samples, not the {} the manifest lists: {again}",
+            "the index holds {} samples, not the {} the manifest lists",
             index.len(),
             listed.records
         );
-        return Err(shard_error(&sidecar, 0, what));
+        return Err(manifest::changed(&sidecar, manifest, &what));
     }
     Ok(Opened { blob, index })
 }

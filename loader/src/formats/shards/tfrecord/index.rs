@@ -13,37 +13,60 @@ pub(crate) fn index_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Reads a DALI-style index (`offset size` per line, size including the
-/// 16 bytes of framing) and checks its shape before anything trusts it:
-/// the entries tile the shard exactly (no wrap-around), none is over the
-/// record-size limit, and the first and last agree with the record header
-/// at their offsets (length and length checksum). The other records'
-/// headers are not read here (that read every byte of a remote shard,
-/// 1 to 8 MiB windows over the whole object): each record's framing and
-/// checksums are checked when it is read, so a stale index that still
-/// tiles the shard fails there, naming the shard and offset. A stale or
-/// lying index is an error naming it.
+/// A DALI-style index (`bytes` of the file `idx`: `offset size` per line,
+/// size including the 16 bytes of framing), its shape checked before anything trusts it
+/// ([`parse_index`]), and that the first and last entries agree with the
+/// record header at their offsets (length and length checksum). The other
+/// records' headers are not read here (that read every byte of a remote
+/// shard, 1 to 8 MiB windows over the whole object): each record's
+/// framing and checksums are checked when it is read, so a stale index
+/// that still tiles the shard fails there, naming the shard and offset. A
+/// stale or lying index is an error naming it.
 pub(super) fn read_index_file(
-    idx: &Path,
+    (idx, bytes): (&Path, &[u8]),
     (shard, file): (&Path, &Blob),
     file_len: u64,
 ) -> Result<Vec<(u64, u64)>> {
-    let bytes = crate::storage::read_whole(idx, Vec::new(), 1 << 30)?;
-    let text = String::from_utf8(bytes).map_err(|e| Error::Dataset {
+    let records = parse_index(idx, bytes, file_len)?;
+    let bad = |line: usize, reason: String| bad_line(idx, line, reason);
+    let ends = [0, records.len().saturating_sub(1)];
+    for i in ends.into_iter().take(records.len().min(2)) {
+        let (offset, len) = records[i];
+        let mut head = [0u8; 12];
+        file.read_exact_at(shard, offset, &mut head)?;
+        match header_len(&head) {
+            Ok(actual) if actual == len => {}
+            Ok(actual) => {
+                return Err(bad(
+                    i,
+                    format!(
+                        "the record at offset {offset} holds {actual} bytes, the index says {len}: \
+                         the index is stale"
+                    ),
+                ))
+            }
+            Err(reason) => {
+                return Err(bad(
+                    i,
+                    format!("no record header at offset {offset} ({reason}): the index is stale"),
+                ))
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// The records `(offset, data length)` of a DALI-style index (`bytes`,
+/// the file `idx`) of a shard of `file_len` bytes, its shape checked: the
+/// entries tile the shard exactly (no wrap-around), and none is over the
+/// record-size limit. An index that does not is an error naming it.
+pub(super) fn parse_index(idx: &Path, bytes: &[u8], file_len: u64) -> Result<Vec<(u64, u64)>> {
+    let text = std::str::from_utf8(bytes).map_err(|e| Error::Dataset {
         path: idx.to_path_buf(),
         reason: "not UTF-8 text".into(),
         source: Some(Box::new(e)),
     })?;
-    let bad = |line: usize, reason: String| {
-        Error::Dataset {
-        path: idx.to_path_buf(),
-        reason: format!(
-            "line {}: {reason}; delete the index (or set read_index_files: false) to scan the shard",
-            line + 1
-        ),
-        source: None,
-    }
-    };
+    let bad = |line: usize, reason: String| bad_line(idx, line, reason);
     let mut records = Vec::new();
     let mut next = 0u64;
     for (i, line) in text
@@ -91,39 +114,33 @@ pub(super) fn read_index_file(
             source: None,
         });
     }
-    let ends = [0, records.len().saturating_sub(1)];
-    for i in ends.into_iter().take(records.len().min(2)) {
-        let (offset, len) = records[i];
-        let mut head = [0u8; 12];
-        file.read_exact_at(shard, offset, &mut head)?;
-        match header_len(&head) {
-            Ok(actual) if actual == len => {}
-            Ok(actual) => {
-                return Err(bad(
-                    i,
-                    format!(
-                        "the record at offset {offset} holds {actual} bytes, the index says {len}: \
-                         the index is stale"
-                    ),
-                ))
-            }
-            Err(reason) => {
-                return Err(bad(
-                    i,
-                    format!("no record header at offset {offset} ({reason}): the index is stale"),
-                ))
-            }
-        }
-    }
     Ok(records)
 }
 
-pub(super) fn write_index_file(idx: &Path, records: &[(u64, u64)]) -> Result<()> {
+/// The error of line `line` (from 0) of index `idx`: `reason`.
+fn bad_line(idx: &Path, line: usize, reason: String) -> Error {
+    Error::Dataset {
+        path: idx.to_path_buf(),
+        reason: format!(
+            "line {}: {reason}; delete the index (or set read_index_files: false) to scan the shard",
+            line + 1
+        ),
+        source: None,
+    }
+}
+
+/// The DALI-style index of `records` (`(offset, data length)`): a line
+/// `offset size` each, the size with the 16 bytes of framing.
+pub(crate) fn index_text(records: &[(u64, u64)]) -> Vec<u8> {
     let mut text = String::with_capacity(records.len() * 16);
     for (offset, len) in records {
         text.push_str(&format!("{offset} {}\n", len + 16));
     }
-    std::fs::write(idx, text).map_err(|source| Error::Io {
+    text.into_bytes()
+}
+
+pub(super) fn write_index_file(idx: &Path, records: &[(u64, u64)]) -> Result<()> {
+    std::fs::write(idx, index_text(records)).map_err(|source| Error::Io {
         path: idx.to_path_buf(),
         source,
     })

@@ -12,6 +12,7 @@ mod index;
 pub(crate) use example::example_bytes;
 pub(crate) use framing::masked_crc;
 
+use super::manifest::{self, IndexedWith, Lazy, Listed};
 use super::{ShardOptions, ShardSet};
 use crate::contract::{Damage, Parts, Record, RecordStream, ShardInfo, Source};
 use crate::error::shard_error;
@@ -21,7 +22,8 @@ use crate::storage::{Blob, BlobReader};
 use example::parse_example;
 use framing::{check_record, scan, RecordReader};
 pub(crate) use index::index_path;
-use index::{read_index_file, write_index_file};
+pub(crate) use index::index_text;
+use index::{parse_index, read_index_file, write_index_file};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -91,15 +93,81 @@ impl Default for TfRecordOptions {
 struct Shard {
     path: PathBuf,
     compression: Compression,
-    /// Open file for positioned reads (uncompressed shards only).
-    file: Option<Blob>,
-    /// `(offset, data length)` of each record (uncompressed shards; a
-    /// compressed one is read in order and keeps only its count, so a
-    /// stream of many tiny records costs no memory per record).
-    records: Vec<(u64, u64)>,
+    /// An uncompressed shard's file and record offsets: made at open, or
+    /// loaded from its manifest's listing on its first read. A compressed
+    /// shard is read in order and keeps only its count, so a stream of
+    /// many tiny records costs no memory per record.
+    opened: Lazy<Opened>,
     /// Records in the shard.
     count: usize,
 }
+
+/// An uncompressed shard's file, open for positioned reads, and the
+/// `(offset, data length)` of each record.
+#[derive(Debug)]
+struct Opened {
+    file: Blob,
+    records: Vec<(u64, u64)>,
+}
+
+/// A shard read through at open (no manifest lists it).
+pub(crate) struct Counted {
+    /// The shard, open.
+    pub(crate) blob: Blob,
+    /// Its size.
+    pub(crate) len: u64,
+    /// Its records: where each is (uncompressed), or only how many.
+    pub(crate) records: Vec<(u64, u64)>,
+    pub(crate) count: usize,
+    /// Whether it is compressed (no offsets).
+    pub(crate) compressed: bool,
+    /// Damage left out, with `skip_damaged`.
+    pub(crate) damage: Vec<Damage>,
+}
+
+/// Reads shard `path` (compressed as `compression` says) through, checking
+/// each record's framing: its records' offsets, or, compressed, their
+/// count. Damage is handled as `shard` says.
+pub(crate) fn count(
+    path: &Path,
+    compression: Compression,
+    shard: &ShardOptions,
+) -> Result<Counted> {
+    let mut set = ShardSet::default();
+    let compression = compression.resolve(path);
+    let (blob, len) = Blob::open(path)?;
+    let (records, count) = if compression == Compression::None {
+        let mut reader = blob.reader(path, len);
+        let records = scan(path, &mut reader, len, shard, &mut set)?;
+        let count = records.len();
+        (records, count)
+    } else {
+        let mut count = 0;
+        let mut reader = RecordReader::new(decompress(blob.reader(path, len), compression), path);
+        while let Some(head) = reader.next_header() {
+            match head.and_then(|(_, len)| reader.skip(len)) {
+                Ok(()) => count += 1,
+                Err(Error::Shard { offset, reason, .. }) => {
+                    set.damaged(shard, path, offset, reason)?;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        (Vec::new(), count)
+    };
+    Ok(Counted {
+        blob,
+        len,
+        records,
+        count,
+        compressed: compression != Compression::None,
+        damage: set.damage,
+    })
+}
+
+/// The manifest's name for the format.
+pub(crate) const MANIFEST_FORMAT: &str = "tfrecord";
 
 /// A dataset of TFRecord shards holding `tf.train.Example`s, read at random
 /// through an offset index built when it is opened.
@@ -128,73 +196,119 @@ impl TfRecord {
         Self::open_with(paths, TfRecordOptions::default())
     }
 
-    /// Opens shards (in the order given) and indexes their records.
+    /// Opens shards (in the order given) and indexes their records. A
+    /// shard that a manifest in its folder lists (made by `wick index` or
+    /// `wick convert`) is not read until a record of it is (then its
+    /// `.idx`, as the manifest lists it); the others are read now, from
+    /// their `.idx` when there is one (an uncompressed shard), else
+    /// through (each local shard on a core of its own, 16 remote ones at
+    /// once). `read_index_files: false` reads every shard through.
     pub fn open_with(
         paths: impl IntoIterator<Item = impl AsRef<Path>>,
         opts: TfRecordOptions,
     ) -> Result<Self> {
-        let mut set = ShardSet::default();
-        let mut shards = Vec::new();
         let paths = super::owned(paths);
+        let listed = match opts.read_index_files {
+            true => manifest::lookup(&paths, MANIFEST_FORMAT, &IndexedWith::default())?,
+            false => vec![None; paths.len()],
+        };
+        let unlisted = manifest::unlisted(&paths, &listed);
         // Each shard indexed on its own (at once when remote), with its own
         // damage list, merged in order below.
-        let opened = super::open_each(&paths, |path| {
-            let mut set = ShardSet::default();
-            let compression = opts.compression.resolve(path);
-            let (file, len) = Blob::open(path)?;
-            let (records, count, file) = if compression == Compression::None {
-                let idx = index_path(path);
-                let remote = crate::storage::is_url(path);
-                let has_index = if remote {
-                    opts.read_index_files && Blob::open(&idx).is_ok()
-                } else {
-                    opts.read_index_files && idx.exists()
-                };
-                let records = if has_index {
-                    read_index_file(&idx, (path, &file), len)?
-                } else {
-                    let mut reader = file.reader(path, len);
-                    let records = scan(path, &mut reader, len, &opts.shard, &mut set)?;
-                    if opts.write_index_files && !remote {
-                        write_index_file(&idx, &records)?;
+        let mut opened = super::open_each(&unlisted, |path| open_unlisted(path, &opts)).into_iter();
+        let mut set = ShardSet::default();
+        let mut shards = Vec::with_capacity(paths.len());
+        for (path, listed) in paths.into_iter().zip(listed) {
+            let compression = opts.compression.resolve(&path);
+            let mut loaded = None;
+            let count = match &listed {
+                Some((_, l)) => set.push_listed(&opts.shard, &path, l)?,
+                None => {
+                    let c = opened.next().expect("one open a shard no manifest lists")?;
+                    set.damage.extend(c.damage);
+                    set.push(&path, c.count);
+                    if !c.compressed {
+                        loaded = Some(Opened {
+                            file: c.blob,
+                            records: c.records,
+                        });
                     }
-                    records
-                };
-                let count = records.len();
-                (records, count, Some(file))
-            } else {
-                let mut count = 0;
-                let mut reader =
-                    RecordReader::new(decompress(file.reader(path, len), compression), path);
-                while let Some(head) = reader.next_header() {
-                    match head.and_then(|(_, len)| reader.skip(len)) {
-                        Ok(()) => count += 1,
-                        Err(Error::Shard { offset, reason, .. }) => {
-                            set.damaged(&opts.shard, path, offset, reason)?;
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    c.count
                 }
-                (Vec::new(), count, None)
             };
-            let shard = Shard {
-                path: path.to_path_buf(),
+            shards.push(Shard {
+                path,
                 compression,
-                file,
-                records,
+                opened: Lazy::new(loaded, listed),
                 count,
-            };
-            Ok((shard, set.damage))
-        });
-        for (path, opened) in paths.iter().zip(opened) {
-            let (shard, damage) = opened?;
-            set.damage.extend(damage);
-            set.push(path, shard.count);
-            shards.push(shard);
+            });
         }
         Ok(Self { shards, set, opts })
     }
+
+    /// Shard `s`'s file and record offsets (uncompressed shards), loaded
+    /// from its manifest's listing on its first read.
+    fn opened(&self, s: usize) -> Result<&Opened> {
+        let shard = &self.shards[s];
+        shard
+            .opened
+            .load(|manifest, listed| load_listed(&shard.path, manifest, listed))
+    }
+}
+
+/// Shard `path`, which no manifest lists, opened: an uncompressed one
+/// from its `.idx` when there is one (and `opts` reads them), else read
+/// through (and its `.idx` written, when `opts` says so).
+fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<Counted> {
+    let compression = opts.compression.resolve(path);
+    if compression == Compression::None && opts.read_index_files {
+        let idx = index_path(path);
+        // One GET of a remote `.idx`, which may not be there.
+        if let Some(bytes) = crate::storage::read_if_exists(&idx, 1 << 30)? {
+            let (blob, len) = Blob::open(path)?;
+            let records = read_index_file((&idx, &bytes), (path, &blob), len)?;
+            return Ok(Counted {
+                count: records.len(),
+                blob,
+                len,
+                records,
+                compressed: false,
+                damage: Vec::new(),
+            });
+        }
+    }
+    let c = count(path, compression, &opts.shard)?;
+    if !c.compressed && opts.write_index_files && !crate::storage::is_url(path) {
+        write_index_file(&index_path(path), &c.records)?;
+    }
+    Ok(c)
+}
+
+/// Shard `path`'s file and record offsets from what `manifest` lists of
+/// it: the shard must have the size (and version) it had when it was
+/// indexed, and its `.idx` the size and checksum the manifest gives
+/// ([`manifest::open_listed`], [`manifest::map_sidecar`]; the `.idx` of a
+/// remote shard is fetched once a node with a cache directory).
+fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> {
+    let (file, len) = manifest::open_listed(path, manifest, listed)?;
+    if listed.records == 0 {
+        return Ok(Opened {
+            file,
+            records: Vec::new(),
+        });
+    }
+    let idx = index_path(path);
+    let backing = manifest::map_sidecar(&idx, manifest, listed, crc32c::crc32c)?;
+    let records = parse_index(&idx, backing.bytes(), len)?;
+    if records.len() as u64 != listed.records {
+        let what = format!(
+            "the index holds {} records, not the {} the manifest lists",
+            records.len(),
+            listed.records
+        );
+        return Err(manifest::changed(&idx, manifest, &what));
+    }
+    Ok(Opened { file, records })
 }
 
 /// TFRecord shards in the format table: uncompressed, gzip or zlib, each
@@ -222,16 +336,17 @@ impl Source for TfRecord {
         drop(bytes);
         let (s, number) = self.set.locate(index)?;
         let shard = &self.shards[s];
-        let Some(file) = &shard.file else {
+        if shard.compression != Compression::None {
             return Err(Error::InvalidConfig(format!(
                 "{:?} is {:?}-compressed: it has no random access; stream it with \
                  LoaderBuilder::interleave",
                 shard.path, shard.compression
             )));
-        };
-        let (offset, len) = shard.records[number];
+        }
+        let opened = self.opened(s)?;
+        let (offset, len) = opened.records[number];
         let mut buf = vec![0; len as usize + 16];
-        file.read_exact_at(&shard.path, offset, &mut buf)?;
+        opened.file.read_exact_at(&shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
         let at = (shard.path.as_path(), offset);
         example_record(&self.opts, self.set.key(index), data, parts, at)
@@ -252,7 +367,12 @@ impl Source for TfRecord {
         if s.compression == Compression::None {
             return Ok(None);
         }
-        let (file, len) = Blob::open(&s.path)?;
+        // A listed shard is read as the manifest lists it (a rewritten
+        // one is refused).
+        let (file, len) = match s.opened.listed() {
+            Some((manifest, listed)) => manifest::open_listed(&s.path, manifest, listed)?,
+            None => Blob::open(&s.path)?,
+        };
         let mut reader = RecordReader::new(
             decompress(file.reader(&s.path, len), s.compression),
             &s.path,
@@ -376,6 +496,73 @@ mod tests {
         }
     }
 
+    /// `wick index` over a folder of TFRecord shards, one of them
+    /// compressed: the manifest lists both (the compressed one by its
+    /// count, with no `.idx`), and opening reads neither (a shard cut
+    /// short after indexing still opens, at its listed count); records
+    /// and the compressed shard's stream are the shards' own, and the cut
+    /// shard is an error naming it and `wick index` when first read.
+    #[test]
+    fn a_manifest_lists_plain_and_compressed_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = |i: usize| {
+            example_bytes(
+                &[i as u8; 40],
+                i as i64,
+                "image/encoded",
+                "image/class/label",
+            )
+        };
+        let mut w = crate::write::TfRecordWriter::create(dir.path().join("a.tfrecord")).unwrap();
+        (0..5).for_each(|i| w.write_record(&ex(i)).unwrap());
+        w.into_inner().unwrap();
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        let mut w = crate::write::TfRecordWriter::new(gz);
+        (5..12).for_each(|i| w.write_record(&ex(i)).unwrap());
+        let gz = w.into_inner().unwrap().finish().unwrap();
+        std::fs::write(dir.path().join("b.tfrecord.gz"), gz).unwrap();
+        let done = crate::write::index(dir.path(), &Default::default()).unwrap();
+        assert_eq!((done.shards, done.records), (2, 12));
+        assert!(dir.path().join("a.tfrecord.idx").exists());
+        assert!(!dir.path().join("b.tfrecord.gz.idx").exists());
+
+        let paths = [
+            dir.path().join("a.tfrecord"),
+            dir.path().join("b.tfrecord.gz"),
+        ];
+        let t = TfRecord::open(&paths).unwrap();
+        assert_eq!(t.len(), 12);
+        assert!(
+            t.shards.iter().all(|s| s.opened.get().is_none()),
+            "nothing read at open"
+        );
+        assert_eq!(t.read(3).unwrap().label, 3);
+        let streamed: Vec<u32> = t
+            .stream_shard(1, &Parts::Default)
+            .unwrap()
+            .unwrap()
+            .map(|r| r.unwrap().label)
+            .collect();
+        assert_eq!(streamed, (5..12).collect::<Vec<u32>>());
+
+        // Cut short after indexing: opens at the listed count, refused on
+        // its first read.
+        let a = std::fs::read(&paths[0]).unwrap();
+        std::fs::write(&paths[0], &a[..a.len() - 10]).unwrap();
+        let t = TfRecord::open(&paths).unwrap();
+        assert_eq!(t.len(), 12);
+        let e = crate::error::error_chain(&t.read(0).unwrap_err());
+        assert!(e.contains("a.tfrecord") && e.contains("wick index"), "{e}");
+        // Without the manifest's help (read_index_files: false), the cut
+        // shard is read through: damage, an error naming it.
+        let opts = TfRecordOptions {
+            read_index_files: false,
+            ..Default::default()
+        };
+        let e = TfRecord::open_with(&paths, opts).unwrap_err().to_string();
+        assert!(e.contains("a.tfrecord"), "{e}");
+    }
+
     /// A gzip shard of many empty records (a few KB on disk, 3.2 MB
     /// decompressed) opens to its count, holding nothing per record, and
     /// streams all of them; a record cut short is damage.
@@ -393,7 +580,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let t = TfRecord::open([&path]).unwrap();
         assert_eq!((t.len(), t.shards[0].count), (200_000, 200_000));
-        assert!(t.shards[0].records.is_empty(), "no per-record index");
+        assert!(t.shards[0].opened.get().is_none(), "no per-record index");
         // Every record is there to stream (each fails to parse: empty).
         let n = t.stream_shard(0, &Parts::Default).unwrap().unwrap().count();
         assert_eq!(n, 200_000);
