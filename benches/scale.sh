@@ -35,6 +35,9 @@ for parts in 1 8; do
   done
 done
 # TFRecord shards opened read through, from their .idx files, and from a
-# manifest: requests and bytes of the open, and what a record's read asks.
-echo "== tfrecord, 256 shards of 200 records"
-"$bin" tfrecord "${dir}-tfrecord" 256 200
+# manifest, and Parquet files from their footers and from a manifest:
+# requests and bytes of the open, and what a record's read asks.
+for format in tfrecord parquet; do
+  echo "== $format, 256 files of 200 records"
+  "$bin" "$format" "${dir}-$format" 256 200
+done

@@ -725,3 +725,94 @@ fn a_tfrecord_dataset_with_a_manifest_opens_without_reading_a_shard() {
         "{chain}"
     );
 }
+
+/// Parquet files indexed once (`wick index` over HTTP: it reads each
+/// file's footer and PUTs a manifest of their row groups' rows) open over
+/// HTTP reading the manifest and the first file's footer (its schema,
+/// columns and classes), no HEAD and nothing of the other files; reading
+/// a row of the last file reads its footer and its row group, nothing of
+/// the others. The rows are the files' own; a file rewritten since is
+/// refused when first read, naming it.
+#[test]
+fn parquet_files_with_a_manifest_open_reading_one_footer() {
+    use candle_wick::source::{ImageFolder, Parquet, ParquetOptions};
+    // A window of one row group: a read reads ahead the next group only.
+    let one = || ParquetOptions {
+        shuffle_window: 1,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    image_folder(&dir.path().join("folder"), 4, 30);
+    let folder = ImageFolder::new(dir.path().join("folder")).unwrap();
+    let opts = ConvertOptions {
+        format: ShardFormat::Parquet { row_group: 10 },
+        shard_size: 30,
+        ..Default::default()
+    };
+    let local = convert(&folder, &dir.path().join("pq"), &opts, &|_| {}).unwrap();
+    assert_eq!(local.len(), 4);
+    let server = ObjectServer::start();
+    for (k, p) in local.iter().enumerate() {
+        server.put(&format!("/pq/f-{k}.parquet"), std::fs::read(p).unwrap());
+    }
+    let pattern = server.url("/pq/f-{0..3}.parquet");
+    let done = within(60, move || {
+        candle_wick::write::index(Path::new(&pattern), &Default::default())
+    })
+    .unwrap();
+    assert_eq!((done.shards, done.records), (4, 120));
+    let seen = server.log().len();
+    let urls: Vec<String> = (0..4)
+        .map(|k| server.url(&format!("/pq/f-{k}.parquet")))
+        .collect();
+    let pq = within(60, move || Parquet::open_with(urls, one())).unwrap();
+    assert_eq!((pq.len(), pq.row_groups()), (120, 12));
+    let log = server.log()[seen..].to_vec();
+    assert_eq!(log[0], "GET /pq/wick-manifest.json auth=None");
+    assert!(
+        log[1..]
+            .iter()
+            .all(|l| l == "GET /pq/f-0.parquet auth=None"),
+        "{log:?}"
+    );
+    assert!(log.len() <= 4, "{log:?}");
+
+    // By the prefix: the manifest names the files.
+    let seen = server.log().len();
+    let prefix = server.url("/pq/");
+    let by_prefix = within(60, move || open_path(prefix)).unwrap();
+    assert_eq!(by_prefix.len(), 120);
+    assert_eq!(
+        server.log()[seen..][0],
+        "GET /pq/wick-manifest.json auth=None"
+    );
+
+    // Row 95, of file 3: its footer and its row groups (the next read
+    // ahead), nothing of the other files.
+    let seen = server.log().len();
+    let r = pq.read(95).unwrap();
+    let log = server.log()[seen..].to_vec();
+    assert!(
+        !log.is_empty() && log.iter().all(|l| l == "GET /pq/f-3.parquet auth=None"),
+        "{log:?}"
+    );
+    let plain = Parquet::open(&local).unwrap();
+    assert_eq!(r.bytes, plain.read(95).unwrap().bytes);
+    for i in [0, 29, 30, 61, 119] {
+        let (a, b) = (pq.read(i).unwrap(), plain.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "row {i}");
+    }
+
+    // A fresh open, then file 2 rewritten (file 1's bytes) before it is
+    // read: refused, naming it.
+    let urls: Vec<String> = (0..4)
+        .map(|k| server.url(&format!("/pq/f-{k}.parquet")))
+        .collect();
+    let pq = within(60, move || Parquet::open_with(urls, one())).unwrap();
+    server.put("/pq/f-2.parquet", std::fs::read(&local[1]).unwrap());
+    let chain = error_chain(&pq.read(65).unwrap_err());
+    assert!(
+        chain.contains("f-2.parquet") && chain.contains("wick index"),
+        "{chain}"
+    );
+}

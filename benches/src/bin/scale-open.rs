@@ -42,13 +42,18 @@
 //! a multiple of the shards' bytes, and the wall time.
 //!
 //! `scale-open tfrecord DIR SHARDS RECORDS` writes `SHARDS` TFRecord
-//! shards of `RECORDS` `tf.train.Example`s each (a 2 KB image and a
-//! label) into `DIR/shards` (once), indexes them over HTTP as `wick index
+//! shards of `RECORDS` `tf.train.Example`s each (2 KB of noise as the
+//! image, and a label) into `DIR/shards` (once), indexes them over HTTP as `wick index
 //! URL` does (their `.idx` files and manifest kept in `DIR/index`), then
 //! opens them by URL three ways, each from a fresh counting server: with
 //! neither the `.idx` files nor the manifest served (read through), with
 //! the `.idx` files, and with both. It prints each open's
 //! requests, body bytes and time, and what reading one record then asks.
+//!
+//! `scale-open parquet DIR FILES ROWS` does the same for Parquet files
+//! of `ROWS` rows (row groups of a tenth of a file; the image and label
+//! columns), opened without and with their manifest (a window of one
+//! row group, so a read reads ahead one group).
 
 use benches::peak_rss_mb;
 use candle_wick::fields::{Field, FieldType};
@@ -381,33 +386,64 @@ fn node_epoch(
     Ok(())
 }
 
-/// The `tfrecord` mode (see the module's documentation).
-fn tfrecord(dir: &Path, shards: usize, records: usize) -> Result<(), Box<dyn std::error::Error>> {
-    use candle_wick::source::TfRecord;
-    use candle_wick::write::{ShardSample, ShardWriter, TfRecordWriter};
+/// Samples `keys` written with `w`, which is then finished: each a
+/// labelled 2 KB image of noise (as incompressible as a JPEG's bytes).
+fn fill(
+    mut w: impl candle_wick::write::ShardWriter,
+    keys: std::ops::Range<usize>,
+) -> candle_wick::Result<()> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ keys.start as u64;
+    let mut image = vec![0u8; 2048];
+    for key in keys {
+        for b in image.iter_mut() {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *b = (state >> 24) as u8;
+        }
+        w.write(candle_wick::write::ShardSample {
+            key: &format!("{key:09}"),
+            ext: "jpg",
+            bytes: &image,
+            label: (key % 1000) as u32,
+        })?;
+    }
+    w.finish()
+}
+
+/// The `tfrecord` and `parquet` modes (see the module's documentation).
+fn formats(
+    format: &str,
+    dir: &Path,
+    shards: usize,
+    records: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::write::{ParquetWriter, TfRecordWriter};
+    let parquet = format == "parquet";
     let (data, index) = (dir.join("shards"), dir.join("index"));
-    let name = |k: usize| format!("s-{k:06}.tfrecord");
+    let ext = if parquet { "parquet" } else { "tfrecord" };
+    let name = |k: usize| format!("s-{k:06}.{ext}");
     if !index.join("manifest.json").exists() {
         std::fs::create_dir_all(&data)?;
         std::fs::create_dir_all(&index)?;
-        let image = vec![0xa5u8; 2048];
         for k in 0..shards {
-            let mut w = TfRecordWriter::create(data.join(name(k)))?;
-            for i in 0..records {
-                w.write(ShardSample {
-                    key: &format!("{:09}", k * records + i),
-                    ext: "jpg",
-                    bytes: &image,
-                    label: (i % 1000) as u32,
-                })?;
+            let path = data.join(name(k));
+            let first = k * records;
+            match parquet {
+                // Row groups of a tenth of the file.
+                true => fill(
+                    ParquetWriter::create(&path, records.div_ceil(10), None)?,
+                    first..first + records,
+                )?,
+                false => fill(TfRecordWriter::create(&path)?, first..first + records)?,
             }
-            w.finish()?;
         }
         let server = ObjectServer::start();
         server.put_dir("/ds", &data);
-        let pattern = server.url(&format!("/ds/s-{{000000..{:06}}}.tfrecord", shards - 1));
+        let pattern = server.url(&format!("/ds/s-{{000000..{:06}}}.{ext}", shards - 1));
         candle_wick::write::index(Path::new(&pattern), &WebDatasetOptions::default())?;
-        for k in 0..shards {
+        for k in (0..shards).filter(|_| !parquet) {
             let idx = format!("{}.idx", name(k));
             let bytes = server.get(&format!("/ds/{idx}")).ok_or("no .idx written")?;
             std::fs::write(index.join(idx), bytes)?;
@@ -419,15 +455,19 @@ fn tfrecord(dir: &Path, shards: usize, records: usize) -> Result<(), Box<dyn std
         .map(|k| std::fs::metadata(data.join(name(k))).map_or(0, |m| m.len()))
         .sum();
     println!(
-        "{shards} TFRecord shards of {records} records ({:.1} MB)",
+        "{shards} {format} files of {records} records ({:.1} MB)",
         shard_bytes as f64 / 1e6
     );
-    println!("| open | requests | bytes (% of the shards) | time | a record's read |");
+    println!("| open | requests | bytes (% of the files) | time | a record's read |");
     println!("|---|---:|---:|---:|---|");
-    for how in ["read through", ".idx files", "manifest"] {
+    let ways: &[&str] = match parquet {
+        true => &["footers", "manifest"],
+        false => &["read through", ".idx files", "manifest"],
+    };
+    for &how in ways {
         let server = ObjectServer::start();
         server.put_dir("/ds", &data);
-        for k in (0..shards).filter(|_| how != "read through") {
+        for k in (0..shards).filter(|_| !parquet && how != "read through") {
             let idx = format!("{}.idx", name(k));
             server.put(&format!("/ds/{idx}"), std::fs::read(index.join(&idx))?);
         }
@@ -439,17 +479,38 @@ fn tfrecord(dir: &Path, shards: usize, records: usize) -> Result<(), Box<dyn std
             .map(|k| PathBuf::from(server.url(&format!("/ds/{}", name(k)))))
             .collect();
         let t = Instant::now();
-        let tf = TfRecord::open(&urls)?;
+        let source: Box<dyn candle_wick::Source> = match parquet {
+            true => {
+                // A window of one row group: a read reads ahead one group.
+                let opts = candle_wick::source::ParquetOptions {
+                    shuffle_window: 1,
+                    label_column: None,
+                    ..Default::default()
+                };
+                Box::new(candle_wick::source::Parquet::open_with(&urls, opts)?)
+            }
+            false => Box::new(candle_wick::source::TfRecord::open(&urls)?),
+        };
         let took = t.elapsed();
         let (requests, bytes) = counts(&server);
-        if candle_wick::Source::len(&tf) != shards * records {
-            return Err(format!("{how}: {} records", candle_wick::Source::len(&tf)).into());
+        if source.len() != shards * records {
+            return Err(format!("{how}: {} records", source.len()).into());
         }
-        candle_wick::Source::read(&tf, shards / 2 * records + records / 2)?;
-        let read: Vec<String> = server.log()[requests..]
-            .iter()
-            .map(|l| l.split(" auth").next().unwrap_or(l).replace("/ds/", ""))
-            .collect();
+        source.read(shards / 2 * records + records / 2)?;
+        let mut read: Vec<String> = Vec::new();
+        for l in &server.log()[requests..] {
+            let l = l.split(" auth").next().unwrap_or(l).replace("/ds/", "");
+            match read.last_mut() {
+                Some(last) if last.ends_with(&l) || last.contains(&format!("{l} x")) => {
+                    let n = last
+                        .rsplit(" x")
+                        .next()
+                        .and_then(|n| n.parse::<usize>().ok());
+                    *last = format!("{l} x{}", n.unwrap_or(1) + 1);
+                }
+                _ => read.push(l),
+            }
+        }
         println!(
             "| {how} | {requests} | {bytes} ({:.3}%) | {:.3} s | {} |",
             100.0 * bytes as f64 / shard_bytes as f64,
@@ -463,12 +524,12 @@ fn tfrecord(dir: &Path, shards: usize, records: usize) -> Result<(), Box<dyn std
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> Option<usize> { args.get(i)?.replace('_', "").parse().ok() };
-    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks | scale-open node-epoch DIR RANKS PARTS [alone] | scale-open tfrecord DIR SHARDS RECORDS";
-    if args.first().map(String::as_str) == Some("tfrecord") {
+    let usage = "usage: scale-open make DIR SHARDS SAMPLES | scale-open DIR RANK WORLD manifest|scan [stream] | scale-open node DIR RANKS [alone] | scale-open epoch DIR RANK WORLD random|blocks | scale-open node-epoch DIR RANKS PARTS [alone] | scale-open tfrecord|parquet DIR FILES RECORDS";
+    if let Some(format @ ("tfrecord" | "parquet")) = args.first().map(String::as_str) {
         let (Some(dir), Some(shards), Some(records)) = (args.get(1), num(2), num(3)) else {
             return Err(usage.into());
         };
-        return tfrecord(Path::new(dir), shards, records);
+        return formats(format, Path::new(dir), shards, records);
     }
     if args.first().map(String::as_str) == Some("node-epoch") {
         let (Some(dir), Some(ranks), Some(parts)) = (args.get(1), num(2), num(3)) else {

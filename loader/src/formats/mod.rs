@@ -552,8 +552,8 @@ fn detect_in(path: &Path) -> Result<Detected> {
     })
 }
 
-/// The WebDataset or TFRecord shards that a manifest under the URL prefix
-/// `path` lists: one GET and no listing (an HTTP server cannot list; a prefix of
+/// The WebDataset or TFRecord shards or Parquet files that a manifest
+/// under the URL prefix `path` lists: one GET and no listing (an HTTP server cannot list; a prefix of
 /// 10^5 shards and their index files is hundreds of listing pages). `None`
 /// for a local path (its folder is surveyed: a readdir), a URL naming a
 /// file or a brace pattern, or a prefix without a manifest.
@@ -577,6 +577,8 @@ fn manifest_shards(path: &Path) -> Result<Option<Detected>> {
     let kind = match m.format.as_str() {
         shards::webdataset::MANIFEST_FORMAT => DatasetKind::WebDataset,
         shards::tfrecord::MANIFEST_FORMAT => DatasetKind::TfRecord,
+        #[cfg(feature = "parquet")]
+        parquet::MANIFEST_FORMAT => DatasetKind::Parquet,
         _ => return Ok(None),
     };
     if m.shards.is_empty() {

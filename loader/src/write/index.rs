@@ -1,9 +1,10 @@
-//! Indexing a WebDataset or TFRecord dataset once (what `wick index`
-//! runs): an index file beside each shard (a WebDataset shard's
-//! `<shard>.wickidx`, an uncompressed TFRecord shard's `<shard>.idx`) and
-//! a manifest in their folder (`wick-manifest.json`), so that every later
-//! open reads the manifest instead of every shard's headers, and each
-//! rank loads the index of a shard only when it reads the shard.
+//! Indexing a WebDataset, TFRecord or Parquet dataset once (what `wick
+//! index` runs): an index file beside each shard (a WebDataset shard's
+//! `<shard>.wickidx`, an uncompressed TFRecord shard's `<shard>.idx`; a
+//! Parquet file's footer is its own) and a manifest in their folder
+//! (`wick-manifest.json`), so that every later open reads the manifest
+//! instead of every shard's headers, and each rank loads the index of a
+//! shard only when it reads the shard.
 
 use crate::error::{Error, Result};
 use crate::formats::shards::manifest::{self, IndexedWith, Listed, Manifest, MANIFEST_NAME};
@@ -23,15 +24,16 @@ pub struct Indexed {
     pub shards: usize,
     /// Samples in them.
     pub records: u64,
-    /// Bytes of the shards read to index them.
+    /// Bytes of the shards indexed (read whole, but for a Parquet file:
+    /// its footer alone).
     pub shard_bytes: u64,
     /// Bytes of the index files written (the manifest included).
     pub index_bytes: u64,
 }
 
-/// Indexes the WebDataset or TFRecord shards at `path` (a folder, a URL
-/// prefix, a brace pattern or one shard) with `opts`: reads each shard's
-/// headers once (local shards on every core, remote ones 16 at a time),
+/// Indexes the WebDataset or TFRecord shards or Parquet files at `path`
+/// (a folder, a URL prefix, a brace pattern or one shard) with `opts`:
+/// reads each shard's headers (a Parquet file's footer) once (local shards on every core, remote ones 16 at a time),
 /// writes its index file beside it, then the manifest in the shards'
 /// folder, last, so a manifest is there only when every index it lists
 /// is. [`WebDataset::open_with`](crate::source::WebDataset::open_with)
@@ -42,7 +44,12 @@ pub struct Indexed {
 ///
 /// TFRecord shards take only `opts.shard` (damage handling): their index
 /// is the records' offsets, DALI's `.idx` (none for a compressed shard,
-/// which is read in order: the manifest gives its count).
+/// which is read in order: the manifest gives its count). Parquet files
+/// take no option and get no index file: the manifest lists each file's
+/// rows in each row group, and
+/// [`Parquet::open_with`](crate::source::Parquet::open_with) (without a
+/// row filter) reads the first file's footer and the others' when it
+/// first reads them.
 ///
 /// ```no_run
 /// # fn main() -> candle_wick::Result<()> {
@@ -53,11 +60,13 @@ pub struct Indexed {
 /// ```
 pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
     let found = crate::formats::detect(path)?;
-    if !matches!(found.kind, DatasetKind::WebDataset | DatasetKind::TfRecord) {
+    let parquet = cfg!(feature = "parquet") && found.kind == DatasetKind::Parquet;
+    if !matches!(found.kind, DatasetKind::WebDataset | DatasetKind::TfRecord) && !parquet {
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!(
-                "holds {} ({}); wick index writes the manifest of WebDataset or TFRecord shards",
+                "holds {} ({}); wick index writes the manifest of WebDataset or TFRecord shards \
+                 or Parquet files",
                 found.kind.name(),
                 found.why
             ),
@@ -76,16 +85,27 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
             source: None,
         });
     }
-    let tfrecord = found.kind == DatasetKind::TfRecord;
-    let listed = crate::formats::shards::open_each(&found.paths, |p| match tfrecord {
-        true => index_tfrecord(p, opts),
-        false => index_one(p, opts),
+    let kind = found.kind;
+    let listed = crate::formats::shards::open_each(&found.paths, |p| match kind {
+        DatasetKind::TfRecord => index_tfrecord(p, opts),
+        #[cfg(feature = "parquet")]
+        DatasetKind::Parquet => crate::formats::parquet::listed(p),
+        _ => index_one(p, opts),
     })
     .into_iter()
     .collect::<Result<Vec<_>>>()?;
-    match tfrecord {
-        true => write_tfrecord_manifest(&dir, listed),
-        false => write_manifest(&dir, opts, listed),
+    match kind {
+        DatasetKind::TfRecord => write_tfrecord_manifest(&dir, listed),
+        #[cfg(feature = "parquet")]
+        DatasetKind::Parquet => put_manifest(
+            &dir,
+            Manifest::new(
+                crate::formats::parquet::MANIFEST_FORMAT,
+                IndexedWith::default(),
+                listed,
+            ),
+        ),
+        _ => write_manifest(&dir, opts, listed),
     }
 }
 
@@ -103,6 +123,7 @@ pub(crate) fn index_one(path: &Path, opts: &WebDatasetOptions) -> Result<Listed>
         index_bytes: bytes.len() as u64,
         index_crc: ShardIndex::checksum(bytes),
         damage: s.damage.into_iter().map(|d| (d.offset, d.reason)).collect(),
+        row_groups: Vec::new(),
     })
 }
 
@@ -127,6 +148,7 @@ pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Li
         index_bytes,
         index_crc,
         damage: c.damage.into_iter().map(|d| (d.offset, d.reason)).collect(),
+        row_groups: Vec::new(),
     })
 }
 

@@ -38,7 +38,7 @@ pub(crate) fn run(a: &IndexArgs) -> Result<(), Box<dyn std::error::Error>> {
     let done = candle_wick::write::index(&a.data, &opts)?;
     let per_sample = done.index_bytes as f64 / done.records.max(1) as f64;
     println!(
-        "indexed {} shards ({} samples, {:.1} MB read) in {:.1?}: {:.1} MB of index files \
+        "indexed {} shards ({} samples, {:.1} MB) in {:.1?}: {:.1} MB of index files \
          ({per_sample:.0} B a sample); manifest {}",
         done.shards,
         done.records,

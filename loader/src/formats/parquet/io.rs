@@ -51,8 +51,30 @@ impl ParquetFile {
         })
     }
 
+    /// File `path` as `manifest` lists it (`listed`): opened with no
+    /// request when it has a version, its reads pinned to it.
+    pub(super) fn open_listed(
+        path: &Path,
+        (manifest, listed): (&Path, &crate::formats::shards::manifest::Listed),
+        reads: Arc<Reads>,
+    ) -> Result<Self> {
+        let (blob, len) = crate::formats::shards::manifest::open_listed(path, manifest, listed)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            blob,
+            len,
+            reads,
+        })
+    }
+
     pub(super) fn size(&self) -> u64 {
         self.len
+    }
+
+    /// The object's version (entity tag), for a file in a store that
+    /// gives one.
+    pub(super) fn version(&self) -> Option<String> {
+        self.blob.version()
     }
 
     /// Bytes `range` of the file, counted.

@@ -267,7 +267,11 @@ impl FileMeta {
 
 /// Opens `path`'s footer (and page index, when it has one).
 pub(super) fn open_file(path: &Path, reads: &Arc<Reads>) -> Result<FileMeta> {
-    let file = Arc::new(ParquetFile::open(path, reads.clone())?);
+    footer(Arc::new(ParquetFile::open(path, reads.clone())?))
+}
+
+/// The footer of `file`, read and checked.
+pub(super) fn footer(file: Arc<ParquetFile>) -> Result<FileMeta> {
     if file.size() < 12 {
         return Err(file.error(
             "is not a Parquet file",

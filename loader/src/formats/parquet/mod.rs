@@ -2,7 +2,10 @@
 //! dataset: row `i` of the files in order is sample `i`.
 //!
 //! - **Opening** reads each file's footer only (two ranged reads): the
-//!   length, the row groups and the schema come from the footers.
+//!   length, the row groups and the schema come from the footers. Files
+//!   that a manifest beside them lists (`wick index`) open from it: the
+//!   first file's footer is read at open, the others' when they are
+//!   first read.
 //! - **Row groups** are the unit of reading: a row group's projected
 //!   column chunks are fetched together (concurrent ranged requests from
 //!   object storage, never the whole file) and decoded into Arrow arrays
@@ -35,6 +38,7 @@ pub use hub::{hub_files, HubFiles, HubLayout, HubOptions};
 
 use crate::contract::{check_index, reads_through, EpochOrder, Parts, Record, Source, Value};
 use crate::error::{Error, Result};
+use crate::formats::shards::manifest::{self, IndexedWith, Lazy, Listed};
 use crate::formats::{DatasetKind, Format};
 use crate::order::blocks::BlockShuffle;
 use crate::read::jobs::Jobs;
@@ -136,7 +140,9 @@ pub struct Parquet {
 
 #[derive(Debug)]
 struct Inner {
-    files: Vec<FileMeta>,
+    files: Vec<PFile>,
+    /// The first file's schema, which every file must have.
+    schema: arrow_schema::SchemaRef,
     groups: Vec<Group>,
     /// The first sample of each group, then the total.
     starts: Vec<usize>,
@@ -150,6 +156,44 @@ struct Inner {
     plan: Mutex<Plan>,
     /// Row groups read ahead, on at most [`AHEAD_THREADS`] threads.
     ahead: Jobs,
+}
+
+/// One Parquet file: its size and its row groups' rows, from its footer
+/// or from what a manifest lists of it, and its footer, read at open or,
+/// for a file a manifest lists, when it is first read.
+#[derive(Debug)]
+struct PFile {
+    path: PathBuf,
+    size: u64,
+    rows: Vec<u64>,
+    meta: Lazy<FileMeta>,
+}
+
+/// The manifest's name for the format.
+pub(crate) const MANIFEST_FORMAT: &str = "parquet";
+
+/// What a manifest lists of Parquet file `path`: read from its footer
+/// (what `wick index` writes).
+pub(crate) fn listed(path: &Path) -> Result<Listed> {
+    let fm = open_file(path, &Arc::new(Reads::default()))?;
+    fm.check_counts()?;
+    let rows = row_counts(&fm);
+    Ok(Listed {
+        name: crate::formats::shards::manifest::split(path).1,
+        size: fm.file.size(),
+        version: fm.file.version(),
+        records: rows.iter().sum(),
+        index_bytes: 0,
+        index_crc: 0,
+        damage: Vec::new(),
+        row_groups: rows,
+    })
+}
+
+/// The rows of each row group of `fm`, from its footer.
+fn row_counts(fm: &FileMeta) -> Vec<u64> {
+    let groups = fm.meta.metadata().row_groups();
+    groups.iter().map(|g| g.num_rows().max(0) as u64).collect()
 }
 
 /// Threads reading row groups ahead, at most.
@@ -195,20 +239,18 @@ impl Parquet {
 
     /// Opens the Parquet files `paths` with `opts`. An error names a file
     /// that is not Parquet, lacks a column the options name, or whose
-    /// schema differs from the first file's.
+    /// schema differs from the first file's. Files that a manifest in
+    /// their folder lists (`wick index`, [`crate::write::index`]) are
+    /// opened from it, without a `filter`: the first file's footer is read
+    /// now, each other's when a row of it is first read (an error naming
+    /// the file then, when it is not as listed or has another schema).
     pub fn open_with(
         paths: impl IntoIterator<Item = impl AsRef<Path>>,
         opts: ParquetOptions,
     ) -> Result<Self> {
         let reads = Arc::new(Reads::default());
-        // Footers read at once (16 files at a time when remote): one file
-        // after another, a Hub dataset of 41,000 files took ~1 h of round
-        // trips.
         let paths = crate::formats::shards::owned(paths);
-        let files = crate::formats::shards::open_each(&paths, |p| open_file(p, &reads))
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        if files.is_empty() {
+        if paths.is_empty() {
             return Err(Error::InvalidConfig("no Parquet file to open".into()));
         }
         if opts.shuffle_window == 0 {
@@ -216,43 +258,92 @@ impl Parquet {
                 "shuffle_window must be at least 1 row group".into(),
             ));
         }
-        let first = files[0].meta.schema().clone();
-        for f in &files[1..] {
-            if f.meta.schema().fields() != first.fields() {
-                return Err(f.file.error(
-                    "has another schema than the first file",
-                    std::io::Error::other(format!("{:?} against {:?}", f.meta.schema(), first)),
-                ));
+        // Files a manifest lists are read when first read, but the first
+        // (its schema, columns and classes); a filter reads every file's
+        // statistics, and the filter column, at open.
+        let listed = match opts.filter {
+            None => manifest::lookup(&paths, MANIFEST_FORMAT, &IndexedWith::default())?,
+            Some(_) => vec![None; paths.len()],
+        };
+        // The first file's footer, as its manifest lists it (no HEAD).
+        let mut first_listed = match &listed[0] {
+            Some((manifest, l)) => {
+                let file = io::ParquetFile::open_listed(&paths[0], (manifest, l), reads.clone())?;
+                Some(meta::footer(Arc::new(file))?)
             }
+            None => None,
+        };
+        // The footers of the files no manifest lists, read at once (16
+        // files at a time when remote): one file after another, a Hub
+        // dataset of 41,000 files took ~1 h of round trips.
+        let now = manifest::unlisted(&paths, &listed);
+        let mut opened =
+            crate::formats::shards::open_each(&now, |p| open_file(p, &reads)).into_iter();
+        let mut files: Vec<PFile> = Vec::with_capacity(paths.len());
+        let mut schema: Option<arrow_schema::SchemaRef> = None;
+        for (i, (path, listed)) in paths.into_iter().zip(listed).enumerate() {
+            if i > 0 && listed.is_some() {
+                let (size, rows) = listed
+                    .as_ref()
+                    .map(|(_, l)| (l.size, l.row_groups.clone()))
+                    .expect("listed");
+                files.push(PFile {
+                    path,
+                    size,
+                    rows,
+                    meta: Lazy::new(None, listed),
+                });
+                continue;
+            }
+            let fm = match first_listed.take() {
+                Some(fm) => fm,
+                None => opened.next().expect("a footer a file read at open")?,
+            };
+            let first = schema.get_or_insert_with(|| fm.meta.schema().clone());
+            same_schema(&fm, first)?;
+            fm.check_counts()?;
+            let rows = row_counts(&fm);
+            if let Some((manifest, l)) = &listed {
+                check_listed(&fm, &rows, (manifest, l))?;
+            }
+            files.push(PFile {
+                path,
+                size: fm.file.size(),
+                rows,
+                meta: Lazy::new(Some(fm), listed),
+            });
         }
+        let schema = schema.expect("the first file's footer is read");
+        let first = files[0]
+            .meta
+            .get()
+            .expect("the first file's footer is read");
         for column in [&opts.image_column, &opts.label_column]
             .into_iter()
             .flatten()
         {
-            if first.field_with_name(column).is_err() {
+            if schema.field_with_name(column).is_err() {
                 let which = if Some(column) == opts.label_column.as_ref() {
                     " (name the class column in ParquetOptions::label_column, or None for \
                      unlabelled data)"
                 } else {
                     ""
                 };
-                return Err(files[0].file.error(
+                return Err(first.file.error(
                     &format!("has no column {column:?}{which}"),
-                    std::io::Error::other(format!("its columns: {:?}", column_names(&first))),
+                    std::io::Error::other(format!("its columns: {:?}", column_names(&schema))),
                 ));
             }
         }
-        let classes = files[0].classes(opts.label_column.as_deref());
+        let classes = first.classes(opts.label_column.as_deref());
         let mut groups = Vec::new();
-        for (f, fm) in files.iter().enumerate() {
-            fm.check_counts()?;
-            for rg in 0..fm.meta.metadata().num_row_groups() {
-                let rows = fm.meta.metadata().row_group(rg).num_rows() as usize;
-                let kept = match &opts.filter {
-                    Some(filter) => fm.filter(rg, filter)?,
-                    None => None,
+        for (f, pf) in files.iter().enumerate() {
+            for (rg, &rows) in pf.rows.iter().enumerate() {
+                let kept = match (&opts.filter, pf.meta.get()) {
+                    (Some(filter), Some(fm)) => fm.filter(rg, filter)?,
+                    _ => None,
                 };
-                let count = kept.as_ref().map_or(rows, Vec::len);
+                let count = kept.as_ref().map_or(rows as usize, Vec::len);
                 if count > 0 {
                     groups.push(Group {
                         file: f,
@@ -270,7 +361,7 @@ impl Parquet {
                 Error::InvalidConfig("the Parquet files hold more rows than can be counted".into())
             })?);
         }
-        let remote = crate::storage::is_url(&files[0].file.path);
+        let remote = crate::storage::is_url(&files[0].path);
         let capacity = match opts.cached_row_groups {
             0 if remote => 3 * opts.shuffle_window,
             0 => 2 * opts.shuffle_window,
@@ -285,6 +376,7 @@ impl Parquet {
                 plan: Mutex::new(Plan::new((0..groups.len()).collect(), None)),
                 ahead: Jobs::new("wick-parquet-ahead", AHEAD_THREADS),
                 files,
+                schema,
                 groups,
                 starts,
                 cache: RowGroupCache::new(capacity, cache_bytes),
@@ -315,7 +407,7 @@ impl Parquet {
 
     /// The column names of the files.
     pub fn columns(&self) -> Vec<String> {
-        column_names(self.inner.files[0].meta.schema())
+        column_names(&self.inner.schema)
     }
 
     /// Starts recording each range read (for the tests: which bytes of
@@ -330,7 +422,7 @@ impl Parquet {
     #[doc(hidden)]
     pub fn __column_ranges(&self, column: &str) -> Vec<(PathBuf, std::ops::Range<u64>)> {
         let mut out = Vec::new();
-        for f in &self.inner.files {
+        for f in (0..self.inner.files.len()).filter_map(|f| self.file(f).ok()) {
             for rg in f.meta.metadata().row_groups() {
                 for c in rg.columns() {
                     if c.column_path().parts().first().map(String::as_str) == Some(column) {
@@ -341,6 +433,22 @@ impl Parquet {
             }
         }
         out
+    }
+
+    /// File `f`'s footer: read at open, or, for a file a manifest lists,
+    /// on its first read, checked against the listing (its size, version
+    /// and row groups) and the first file's schema.
+    fn file(&self, f: usize) -> Result<&FileMeta> {
+        let pf = &self.inner.files[f];
+        pf.meta.load(|manifest, listed| {
+            let reads = self.inner.reads.clone();
+            let file = io::ParquetFile::open_listed(&pf.path, (manifest, listed), reads)?;
+            let fm = meta::footer(Arc::new(file))?;
+            same_schema(&fm, &self.inner.schema)?;
+            fm.check_counts()?;
+            check_listed(&fm, &row_counts(&fm), (manifest, listed))?;
+            Ok(fm)
+        })
     }
 
     /// The group of sample `index` and the row's offset in its row group.
@@ -355,7 +463,7 @@ impl Parquet {
 
     /// The columns read for `parts`: the image's, the label's, the parts'.
     fn projection(&self, parts: &Parts) -> Vec<String> {
-        let schema = self.inner.files[0].meta.schema();
+        let schema = &self.inner.schema;
         let mut cols: Vec<String> = Vec::new();
         let mut add = |c: &str| {
             if schema.field_with_name(c).is_ok() && !cols.iter().any(|x| x == c) {
@@ -390,7 +498,7 @@ impl Parquet {
     fn cached(&self, g: usize, id: u64, cols: &[String]) -> Result<Arc<RecordBatch>> {
         let group = &self.inner.groups[g];
         let key = (group.file, group.row_group, id);
-        let file = &self.inner.files[group.file];
+        let file = self.file(group.file)?;
         let image = self.inner.opts.image_column.as_deref();
         let estimate = file.decoded_size(group.row_group, cols, image);
         let limit = self.inner.cache.max_bytes();
@@ -465,7 +573,12 @@ impl Parquet {
             if self.inner.cache.contains((group.file, group.row_group, id)) {
                 continue;
             }
-            let estimate = self.inner.files[group.file].decoded_size(group.row_group, cols, image);
+            // A file's footer read here when a manifest listed it (an
+            // error is left for the read that needs the group).
+            let Ok(file) = self.file(group.file) else {
+                break;
+            };
+            let estimate = file.decoded_size(group.row_group, cols, image);
             if !self.inner.cache.has_room(estimate) {
                 break;
             }
@@ -555,6 +668,31 @@ impl Parquet {
     }
 }
 
+/// An error naming `fm`'s file when its schema is not `first` (the first
+/// file's).
+fn same_schema(fm: &FileMeta, first: &arrow_schema::SchemaRef) -> Result<()> {
+    if fm.meta.schema().fields() == first.fields() {
+        return Ok(());
+    }
+    Err(fm.file.error(
+        "has another schema than the first file",
+        std::io::Error::other(format!("{:?} against {:?}", fm.meta.schema(), first)),
+    ))
+}
+
+/// An error naming `fm`'s file when its row groups' rows (`rows`, from
+/// its footer) are not those `manifest` lists (`listed`).
+fn check_listed(fm: &FileMeta, rows: &[u64], (manifest, listed): (&Path, &Listed)) -> Result<()> {
+    if rows == listed.row_groups.as_slice() {
+        return Ok(());
+    }
+    let what = format!(
+        "its footer gives row groups of {rows:?} rows, not the {:?} the manifest lists",
+        listed.row_groups
+    );
+    Err(manifest::changed(&fm.file.path, manifest, &what))
+}
+
 /// Parquet files in the format table.
 pub(crate) const FORMAT: Format = Format::shards(
     DatasetKind::Parquet,
@@ -579,13 +717,9 @@ impl Source for Parquet {
         match self.locate(index) {
             Ok((g, row)) => {
                 let group = &self.inner.groups[g];
-                let meta = self.inner.files[group.file].meta.metadata();
-                let before: i64 = meta.row_groups()[..group.row_group]
-                    .iter()
-                    .map(|r| r.num_rows())
-                    .sum();
-                let path = &self.inner.files[group.file].file.path;
-                format!("{}#{}", path.display(), before as usize + row)
+                let file = &self.inner.files[group.file];
+                let before: u64 = file.rows[..group.row_group].iter().sum();
+                format!("{}#{}", file.path.display(), before as usize + row)
             }
             Err(_) => format!("#{index}"),
         }
@@ -603,16 +737,8 @@ impl Source for Parquet {
             inner.opts.filter
         );
         for f in &inner.files {
-            let name = f
-                .file
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned());
-            text.push_str(&format!(
-                " {name:?}:{}:{}",
-                f.file.size(),
-                f.meta.metadata().num_row_groups()
-            ));
+            let name = f.path.file_name().map(|n| n.to_string_lossy().into_owned());
+            text.push_str(&format!(" {name:?}:{}:{}", f.size, f.rows.len()));
         }
         crc32c::crc32c(text.as_bytes())
     }

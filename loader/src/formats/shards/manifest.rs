@@ -1,7 +1,8 @@
 //! A dataset's manifest (`wick-manifest.json`, written by `wick index` and
 //! `wick convert` beside the shards): each shard's name, size, version,
 //! record count and the checksum of its index sidecar (a WebDataset
-//! shard's `.wickidx`, an uncompressed TFRecord shard's `.idx`), and the
+//! shard's `.wickidx`, an uncompressed TFRecord shard's `.idx`; a Parquet
+//! file's rows in each row group, its footer being its index), and the
 //! options the sidecars were made with. Opening shards that a manifest lists reads the
 //! manifest (one request for a folder of shards) and no shard byte; a
 //! shard's sidecar is read when the shard is first read.
@@ -53,6 +54,10 @@ pub(crate) struct Listed {
     /// `skip_damaged`.
     #[serde(default)]
     pub(crate) damage: Vec<(u64, String)>,
+    /// A Parquet file's rows in each of its row groups (its footer's
+    /// counts; empty for other formats).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) row_groups: Vec<u64>,
 }
 
 /// A dataset's manifest.
@@ -116,6 +121,13 @@ impl Manifest {
                     "lists a shard named {n:?}, not a file in its folder"
                 ));
             }
+            let rows = s.row_groups.iter().try_fold(0u64, |a, &r| a.checked_add(r));
+            if self.format == "parquet" && rows != Some(s.records) {
+                return Err(format!(
+                    "lists {} rows in {n}, and row groups that hold {rows:?}",
+                    s.records
+                ));
+            }
             if s.records > most_records(&self.format, n, s.size) {
                 return Err(format!(
                     "lists {} samples in {n}, which is {} bytes: more than it can hold",
@@ -149,6 +161,9 @@ fn most_records(format: &str, name: &str, size: u64) -> u64 {
             size.saturating_mul(1032) / 16
         }
         "tfrecord" => size / 16,
+        // Rows of a Parquet file take no least number of bytes (a run
+        // of nulls is a few bytes): its row groups' counts are checked.
+        "parquet" => u64::MAX,
         _ => size / 512,
     }
 }
@@ -360,6 +375,7 @@ mod tests {
             index_bytes: 100,
             index_crc: 0,
             damage: Vec::new(),
+            row_groups: Vec::new(),
         }
     }
 
