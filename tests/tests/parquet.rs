@@ -53,6 +53,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
         .collect();
     v.sort();
     v
@@ -488,6 +489,34 @@ fn converted_parquet_is_a_hub_dataset_for_datasets_and_for_wick() {
         assert_eq!(row[0].as_u64().unwrap(), *label as u64);
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(row[1].as_str().unwrap(), hex);
+    }
+}
+
+/// `wick convert --format parquet` writes a manifest beside the files
+/// (in data/): opening them reads the first file's footer and no other
+/// (`bytes_read`), against every footer without it; the rows and labels
+/// are the same either way.
+#[test]
+fn converted_parquet_opens_from_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = converted(dir.path(), 10, 2, 6);
+    let shards = files(&out.join("data"));
+    assert_eq!(shards.len(), 5);
+    let manifest = out.join("data/wick-manifest.json");
+    assert!(manifest.exists());
+    let listed = Parquet::open(&shards).unwrap();
+    let one = listed.bytes_read();
+    std::fs::rename(&manifest, dir.path().join("aside.json")).unwrap();
+    let footers = Parquet::open(&shards).unwrap();
+    let all = footers.bytes_read();
+    assert!(
+        one > 0 && all >= 4 * one,
+        "{one} bytes with the manifest, {all} without"
+    );
+    assert_eq!((listed.len(), listed.row_groups()), (30, 15));
+    for i in 0..30 {
+        let (a, b) = (listed.read(i).unwrap(), footers.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "row {i}");
     }
 }
 

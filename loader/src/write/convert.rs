@@ -133,18 +133,32 @@ pub fn convert(
         source,
     })?;
     let mut written: Vec<PathBuf> = Vec::new();
-    // A WebDataset's or TFRecord's shards are indexed as they are written
-    // (each index file goes where its shard goes), and its manifest
-    // written last.
-    let indexing = matches!(opts.format, ShardFormat::WebDataset | ShardFormat::TfRecord);
+    // A WebDataset's, TFRecord's or Parquet dataset's shards are indexed
+    // as they are written (each index file goes where its shard goes), and
+    // its manifest written last, in the shards' folder (a Parquet
+    // dataset's data/).
+    let indexing = !matches!(
+        opts.format,
+        ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. }
+    );
     let wds = crate::source::WebDatasetOptions::default();
     let index_one = |p: &Path| match opts.format {
         ShardFormat::TfRecord => super::index::index_tfrecord(p, &wds),
+        #[cfg(feature = "parquet")]
+        ShardFormat::Parquet { .. } => crate::formats::parquet::listed(p),
         _ => super::index::index_one(p, &wds),
     };
-    let write_manifest = |dir: &Path, listed: Vec<_>| match opts.format {
-        ShardFormat::TfRecord => super::index::write_tfrecord_manifest(dir, listed),
-        _ => super::index::write_manifest(dir, &wds, listed),
+    let write_manifest = |shards: &[PathBuf], listed: Vec<_>| {
+        let dir = shards.first().map_or_else(
+            || dst.to_path_buf(),
+            |s| crate::formats::shards::manifest::split(s).0,
+        );
+        match opts.format {
+            ShardFormat::TfRecord => super::index::write_tfrecord_manifest(&dir, listed),
+            #[cfg(feature = "parquet")]
+            ShardFormat::Parquet { .. } => super::index::write_parquet_manifest(&dir, listed),
+            _ => super::index::write_manifest(&dir, &wds, listed),
+        }
     };
     let mut listed = Vec::new();
     let companions = |p: &Path| {
@@ -163,7 +177,7 @@ pub fn convert(
         });
         let done = done.and_then(|paths| {
             if indexing {
-                write_manifest(&local, std::mem::take(&mut listed))?;
+                write_manifest(&paths, std::mem::take(&mut listed))?;
             }
             Ok(paths)
         });
@@ -213,7 +227,7 @@ pub fn convert(
     };
     let uploaded = convert_into(source, &local, opts, progress, &mut up).and_then(|paths| {
         if indexing {
-            let manifest = write_manifest(dst, std::mem::take(&mut listed))?;
+            let manifest = write_manifest(&paths, std::mem::take(&mut listed))?;
             written.push(manifest.manifest);
         }
         Ok(paths)

@@ -97,14 +97,7 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
     match kind {
         DatasetKind::TfRecord => write_tfrecord_manifest(&dir, listed),
         #[cfg(feature = "parquet")]
-        DatasetKind::Parquet => put_manifest(
-            &dir,
-            Manifest::new(
-                crate::formats::parquet::MANIFEST_FORMAT,
-                IndexedWith::default(),
-                listed,
-            ),
-        ),
+        DatasetKind::Parquet => write_parquet_manifest(&dir, listed),
         _ => write_manifest(&dir, opts, listed),
     }
 }
@@ -156,6 +149,13 @@ pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Li
 pub(crate) fn write_tfrecord_manifest(dir: &Path, listed: Vec<Listed>) -> Result<Indexed> {
     let m = Manifest::new(tfrecord::MANIFEST_FORMAT, IndexedWith::default(), listed);
     put_manifest(dir, m)
+}
+
+/// Writes the manifest of Parquet files `listed` in `dir`.
+#[cfg(feature = "parquet")]
+pub(crate) fn write_parquet_manifest(dir: &Path, listed: Vec<Listed>) -> Result<Indexed> {
+    let format = crate::formats::parquet::MANIFEST_FORMAT;
+    put_manifest(dir, Manifest::new(format, IndexedWith::default(), listed))
 }
 
 /// Writes the manifest of `listed` (shards indexed with `opts`) in `dir`.
