@@ -116,8 +116,9 @@ pub(crate) struct Counted {
     pub(crate) blob: Blob,
     /// Its size.
     pub(crate) len: u64,
-    /// Its records: where each is (uncompressed), or only how many.
+    /// Where each record is (uncompressed; empty when compressed).
     pub(crate) records: Vec<(u64, u64)>,
+    /// How many records it holds.
     pub(crate) count: usize,
     /// Whether it is compressed (no offsets).
     pub(crate) compressed: bool,
