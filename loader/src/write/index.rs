@@ -25,22 +25,32 @@ pub struct Indexed {
     /// Samples in them.
     pub records: u64,
     /// Bytes of the shards indexed (read whole, but for a Parquet file:
-    /// its footer alone).
+    /// its footer alone), those reused from the earlier manifest not
+    /// counted.
     pub shard_bytes: u64,
+    /// Shards the folder's earlier manifest listed that had not changed
+    /// since: not read again, their listing and index file kept.
+    pub reused: usize,
     /// Bytes of the index files written (the manifest included).
     pub index_bytes: u64,
 }
 
 /// Indexes the WebDataset or TFRecord shards or Parquet files at `path`
 /// (a folder, a URL prefix, a brace pattern or one shard) with `opts`:
-/// reads each shard's headers (a Parquet file's footer) once (local shards on every core, remote ones 16 at a time),
-/// writes its index file beside it, then the manifest in the shards'
-/// folder, last, so a manifest is there only when every index it lists
-/// is. [`WebDataset::open_with`](crate::source::WebDataset::open_with)
-/// with the same options, or
+/// reads each shard's headers (a Parquet file's footer) once (local
+/// shards on every core, remote ones 16 at a time), writes its index file
+/// beside it, then the manifest in the shards' folder, last, so a
+/// manifest is there only when every index it lists is.
+/// [`WebDataset::open_with`](crate::source::WebDataset::open_with) with
+/// the same options, or
 /// [`TfRecord::open_with`](crate::source::TfRecord::open_with), then
-/// opens the shards without reading them. Running it again replaces both
-/// (after the shards were rewritten, say).
+/// opens the shards without reading them.
+///
+/// Shards that the folder's manifest already lists, unchanged since (the
+/// same size and version; a local shard, the same size and not modified
+/// after the manifest was written) and with their index file there, are
+/// not read again: indexing a folder again after shards were added reads
+/// the new ones, and after shards were rewritten, those.
 ///
 /// TFRecord shards take only `opts.shard` (damage handling): their index
 /// is the records' offsets, DALI's `.idx` (none for a compressed shard,
@@ -86,19 +96,117 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
         });
     }
     let kind = found.kind;
-    let listed = crate::formats::shards::open_each(&found.paths, |p| match kind {
-        DatasetKind::TfRecord => index_tfrecord(p, opts),
-        #[cfg(feature = "parquet")]
-        DatasetKind::Parquet => crate::formats::parquet::listed(p),
-        _ => index_one(p, opts),
+    let earlier = Earlier::read(&dir, kind, opts)?;
+    let listed = crate::formats::shards::open_each(&found.paths, |p| {
+        if let Some(l) = earlier.unchanged(p, kind)? {
+            return Ok((l, true));
+        }
+        let l = match kind {
+            DatasetKind::TfRecord => index_tfrecord(p, opts),
+            #[cfg(feature = "parquet")]
+            DatasetKind::Parquet => crate::formats::parquet::listed(p),
+            _ => index_one(p, opts),
+        };
+        l.map(|l| (l, false))
     })
     .into_iter()
     .collect::<Result<Vec<_>>>()?;
-    match kind {
+    let reused = listed.iter().filter(|(_, again)| *again).count();
+    let shard_bytes = listed
+        .iter()
+        .filter(|(_, again)| !again)
+        .map(|(l, _)| l.size)
+        .sum();
+    let listed = listed.into_iter().map(|(l, _)| l).collect();
+    let done = match kind {
         DatasetKind::TfRecord => write_tfrecord_manifest(&dir, listed),
         #[cfg(feature = "parquet")]
         DatasetKind::Parquet => write_parquet_manifest(&dir, listed),
         _ => write_manifest(&dir, opts, listed),
+    };
+    done.map(|d| Indexed {
+        reused,
+        shard_bytes,
+        ..d
+    })
+}
+
+/// What the manifest a folder held before this index pass lists, for the
+/// shards that have not changed since (so that indexing again, after
+/// shards were added, reads only the new ones).
+struct Earlier {
+    /// Its shards by name.
+    listed: std::collections::HashMap<String, Listed>,
+    /// When it was written, for local shards (which have no version).
+    written: Option<std::time::SystemTime>,
+    /// Whether damage may be listed (`skip_damaged`).
+    damage: bool,
+}
+
+impl Earlier {
+    /// The manifest in `dir`, when it is one of `kind`'s shards made with
+    /// `opts`.
+    fn read(dir: &Path, kind: DatasetKind, opts: &WebDatasetOptions) -> Result<Self> {
+        let (format, options) = match kind {
+            DatasetKind::TfRecord => (tfrecord::MANIFEST_FORMAT, IndexedWith::default()),
+            #[cfg(feature = "parquet")]
+            DatasetKind::Parquet => (
+                crate::formats::parquet::MANIFEST_FORMAT,
+                IndexedWith::default(),
+            ),
+            _ => (MANIFEST_FORMAT, indexed_with(opts)),
+        };
+        let path = manifest::join(dir, MANIFEST_NAME);
+        let m = Manifest::read(dir)?.filter(|m| m.format == format && m.options == options);
+        let written = match crate::storage::is_url(&path) {
+            true => None,
+            false => std::fs::metadata(&path).and_then(|m| m.modified()).ok(),
+        };
+        Ok(Self {
+            listed: m
+                .into_iter()
+                .flat_map(|m| m.shards)
+                .map(|s| (s.name.clone(), s))
+                .collect(),
+            written,
+            damage: opts.shard.skip_damaged,
+        })
+    }
+
+    /// What the earlier manifest lists of shard `path`, when the shard
+    /// has not changed since and its index file is still there: the same
+    /// size and version (an object in a store that gives none, or one
+    /// whose version changed, is indexed again), or, for a local shard,
+    /// the same size and a modification before the manifest was written;
+    /// and its index file (a Parquet file has none) the listed size.
+    fn unchanged(&self, path: &Path, kind: DatasetKind) -> Result<Option<Listed>> {
+        let name = manifest::split(path).1;
+        let Some(l) = self.listed.get(&name) else {
+            return Ok(None);
+        };
+        if !l.damage.is_empty() && !self.damage {
+            return Ok(None);
+        }
+        let (blob, len) = crate::storage::Blob::open(path)?;
+        let same = len == l.size
+            && match (blob.version(), &l.version) {
+                (Some(now), Some(then)) => now == *then,
+                (None, None) if !crate::storage::is_url(path) => {
+                    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+                    matches!((modified, self.written), (Some(m), Some(w)) if m < w)
+                }
+                _ => false,
+            };
+        let sidecar = match kind {
+            DatasetKind::TfRecord if l.index_bytes > 0 => Some(tfrecord::index_path(path)),
+            DatasetKind::WebDataset => Some(sidecar_path(path)),
+            _ => None,
+        };
+        let indexed = match &sidecar {
+            Some(s) => crate::storage::Blob::open(s).is_ok_and(|(_, n)| n == l.index_bytes),
+            None => true,
+        };
+        Ok((same && indexed).then(|| l.clone()))
     }
 }
 
@@ -187,6 +295,7 @@ fn put_manifest(dir: &Path, m: Manifest) -> Result<Indexed> {
         records,
         shard_bytes,
         index_bytes,
+        reused: 0,
     })
 }
 
@@ -222,4 +331,59 @@ fn put(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&temp);
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Source;
+    use crate::source::TfRecord;
+    use std::time::{Duration, SystemTime};
+
+    /// `n` records of `len` bytes as the TFRecord shard `path`, modified
+    /// an hour ago (before any manifest written after it).
+    fn shard(path: &Path, n: usize, len: usize) {
+        let mut w = crate::write::TfRecordWriter::create(path).unwrap();
+        (0..n).for_each(|i| w.write_record(&vec![i as u8; len]).unwrap());
+        w.into_inner().unwrap();
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(3600))
+            .unwrap();
+    }
+
+    /// Indexing a folder again reads only the shards added or changed
+    /// since its manifest, and those whose index file is gone; the others
+    /// keep their listing. The manifest lists every shard, with the counts
+    /// a first index gives.
+    #[test]
+    fn indexing_again_reads_only_new_and_changed_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |k: usize| dir.path().join(format!("s-{k}.tfrecord"));
+        (0..3).for_each(|k| shard(&p(k), 4, 10));
+        let opts = WebDatasetOptions::default();
+        let first = index(dir.path(), &opts).unwrap();
+        assert_eq!((first.shards, first.records, first.reused), (3, 12, 0));
+
+        shard(&p(3), 5, 10);
+        let again = index(dir.path(), &opts).unwrap();
+        assert_eq!((again.shards, again.records, again.reused), (4, 17, 3));
+        assert_eq!(again.shard_bytes, std::fs::metadata(p(3)).unwrap().len());
+
+        // Shard 0 rewritten (now, after the manifest), shard 1's index
+        // file gone: both read again.
+        let mut w = crate::write::TfRecordWriter::create(p(0)).unwrap();
+        (0..6).for_each(|i| w.write_record(&[i; 10]).unwrap());
+        w.into_inner().unwrap();
+        std::fs::remove_file(tfrecord::index_path(&p(1))).unwrap();
+        let third = index(dir.path(), &opts).unwrap();
+        assert_eq!((third.shards, third.records, third.reused), (4, 19, 2));
+        assert!(tfrecord::index_path(&p(1)).exists());
+        let t = TfRecord::open((0..4).map(p)).unwrap();
+        assert_eq!(t.len(), 19);
+        // Every shard as a fresh pass lists it.
+        let m = Manifest::read(dir.path()).unwrap().unwrap();
+        std::fs::remove_file(dir.path().join(MANIFEST_NAME)).unwrap();
+        index(dir.path(), &opts).unwrap();
+        assert_eq!(Manifest::read(dir.path()).unwrap().unwrap(), m);
+    }
 }

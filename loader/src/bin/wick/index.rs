@@ -37,11 +37,16 @@ pub(crate) fn run(a: &IndexArgs) -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let done = candle_wick::write::index(&a.data, &opts)?;
     let per_sample = done.index_bytes as f64 / done.records.max(1) as f64;
+    let reused = match done.reused {
+        0 => String::new(),
+        n => format!("; {n} unchanged since the last index, kept"),
+    };
     println!(
-        "indexed {} shards ({} samples, {:.1} MB) in {:.1?}: {:.1} MB of index files \
-         ({per_sample:.0} B a sample); manifest {}",
+        "indexed {} shards ({} samples): {} read ({:.1} MB of shards){reused}, in {:.1?}; \
+         {:.1} MB of index files ({per_sample:.0} B a sample); manifest {}",
         done.shards,
         done.records,
+        done.shards - done.reused,
         done.shard_bytes as f64 / 1e6,
         t.elapsed(),
         done.index_bytes as f64 / 1e6,
