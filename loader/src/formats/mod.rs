@@ -553,9 +553,9 @@ fn detect_in(path: &Path) -> Result<Detected> {
 }
 
 /// The WebDataset or TFRecord shards or Parquet files that a manifest
-/// under the URL prefix `path` lists: one GET and no listing (an HTTP server cannot list; a prefix of
-/// 10^5 shards and their index files is hundreds of listing pages). `None`
-/// for a local path (its folder is surveyed: a readdir), a URL naming a
+/// under the URL prefix `path` lists: one GET and no listing (an HTTP
+/// server cannot list; a prefix of 10^5 shards and their index files is
+/// hundreds of listing pages). `None` for a local path (its folder is surveyed: a readdir), a URL naming a
 /// file or a brace pattern, or a prefix without a manifest.
 fn manifest_shards(path: &Path) -> Result<Option<Detected>> {
     use shards::manifest::{join, Manifest, MANIFEST_NAME};

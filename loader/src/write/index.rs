@@ -96,7 +96,7 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
         });
     }
     let kind = found.kind;
-    let earlier = Earlier::read(&dir, kind, opts)?;
+    let earlier = Earlier::read(&dir, kind, opts);
     let listed = crate::formats::shards::open_each(&found.paths, |p| {
         if let Some(l) = earlier.unchanged(p, kind)? {
             return Ok((l, true));
@@ -146,7 +146,7 @@ struct Earlier {
 impl Earlier {
     /// The manifest in `dir`, when it is one of `kind`'s shards made with
     /// `opts`.
-    fn read(dir: &Path, kind: DatasetKind, opts: &WebDatasetOptions) -> Result<Self> {
+    fn read(dir: &Path, kind: DatasetKind, opts: &WebDatasetOptions) -> Self {
         let (format, options) = match kind {
             DatasetKind::TfRecord => (tfrecord::MANIFEST_FORMAT, IndexedWith::default()),
             #[cfg(feature = "parquet")]
@@ -157,12 +157,15 @@ impl Earlier {
             _ => (MANIFEST_FORMAT, indexed_with(opts)),
         };
         let path = manifest::join(dir, MANIFEST_NAME);
-        let m = Manifest::read(dir)?.filter(|m| m.format == format && m.options == options);
+        // A manifest that cannot be read (damaged, or a lying one) is the
+        // one this pass replaces: nothing of it is kept.
+        let m = Manifest::read(dir).ok().flatten();
+        let m = m.filter(|m| m.format == format && m.options == options);
         let written = match crate::storage::is_url(&path) {
             true => None,
             false => std::fs::metadata(&path).and_then(|m| m.modified()).ok(),
         };
-        Ok(Self {
+        Self {
             listed: m
                 .into_iter()
                 .flat_map(|m| m.shards)
@@ -170,7 +173,7 @@ impl Earlier {
                 .collect(),
             written,
             damage: opts.shard.skip_damaged,
-        })
+        }
     }
 
     /// What the earlier manifest lists of shard `path`, when the shard
@@ -384,6 +387,11 @@ mod tests {
         let m = Manifest::read(dir.path()).unwrap().unwrap();
         std::fs::remove_file(dir.path().join(MANIFEST_NAME)).unwrap();
         index(dir.path(), &opts).unwrap();
+        assert_eq!(Manifest::read(dir.path()).unwrap().unwrap(), m);
+        // A damaged manifest keeps nothing: every shard is read again.
+        std::fs::write(dir.path().join(MANIFEST_NAME), b"{\"wick_manifest\": 1").unwrap();
+        let fresh = index(dir.path(), &opts).unwrap();
+        assert_eq!((fresh.reused, fresh.records), (0, 19));
         assert_eq!(Manifest::read(dir.path()).unwrap().unwrap(), m);
     }
 }
