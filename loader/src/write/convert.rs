@@ -153,12 +153,7 @@ pub fn convert(
             || dst.to_path_buf(),
             |s| crate::formats::shards::manifest::split(s).0,
         );
-        match opts.format {
-            ShardFormat::TfRecord => super::index::write_tfrecord_manifest(&dir, listed),
-            #[cfg(feature = "parquet")]
-            ShardFormat::Parquet { .. } => super::index::write_parquet_manifest(&dir, listed),
-            _ => super::index::write_manifest(&dir, &wds, listed),
-        }
+        super::index::write_manifest(&dir, opts.format.kind(), &wds, listed)
     };
     let mut listed = Vec::new();
     let companions = |p: &Path| {

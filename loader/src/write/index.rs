@@ -118,13 +118,7 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
         .map(|(l, _)| l.size)
         .sum();
     let listed = listed.into_iter().map(|(l, _)| l).collect();
-    let done = match kind {
-        DatasetKind::TfRecord => write_tfrecord_manifest(&dir, listed),
-        #[cfg(feature = "parquet")]
-        DatasetKind::Parquet => write_parquet_manifest(&dir, listed),
-        _ => write_manifest(&dir, opts, listed),
-    };
-    done.map(|d| Indexed {
+    write_manifest(&dir, kind, opts, listed).map(|d| Indexed {
         reused,
         shard_bytes,
         ..d
@@ -147,15 +141,7 @@ impl Earlier {
     /// The manifest in `dir`, when it is one of `kind`'s shards made with
     /// `opts`.
     fn read(dir: &Path, kind: DatasetKind, opts: &WebDatasetOptions) -> Self {
-        let (format, options) = match kind {
-            DatasetKind::TfRecord => (tfrecord::MANIFEST_FORMAT, IndexedWith::default()),
-            #[cfg(feature = "parquet")]
-            DatasetKind::Parquet => (
-                crate::formats::parquet::MANIFEST_FORMAT,
-                IndexedWith::default(),
-            ),
-            _ => (MANIFEST_FORMAT, indexed_with(opts)),
-        };
+        let (format, options) = made_as(kind, opts);
         let path = manifest::join(dir, MANIFEST_NAME);
         // A manifest that cannot be read (damaged, or a lying one) is the
         // one this pass replaces: nothing of it is kept.
@@ -256,29 +242,31 @@ pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Li
     })
 }
 
-/// Writes the manifest of TFRecord shards `listed` in `dir`.
-pub(crate) fn write_tfrecord_manifest(dir: &Path, listed: Vec<Listed>) -> Result<Indexed> {
-    let m = Manifest::new(tfrecord::MANIFEST_FORMAT, IndexedWith::default(), listed);
-    put_manifest(dir, m)
+/// The manifest's format for `kind`'s shards and the options their
+/// index files are made with (`opts`: a WebDataset's; none for the
+/// others).
+fn made_as(kind: DatasetKind, opts: &WebDatasetOptions) -> (&'static str, IndexedWith) {
+    match kind {
+        DatasetKind::TfRecord => (tfrecord::MANIFEST_FORMAT, IndexedWith::default()),
+        #[cfg(feature = "parquet")]
+        DatasetKind::Parquet => (
+            crate::formats::parquet::MANIFEST_FORMAT,
+            IndexedWith::default(),
+        ),
+        _ => (MANIFEST_FORMAT, indexed_with(opts)),
+    }
 }
 
-/// Writes the manifest of Parquet files `listed` in `dir`.
-#[cfg(feature = "parquet")]
-pub(crate) fn write_parquet_manifest(dir: &Path, listed: Vec<Listed>) -> Result<Indexed> {
-    let format = crate::formats::parquet::MANIFEST_FORMAT;
-    put_manifest(dir, Manifest::new(format, IndexedWith::default(), listed))
-}
-
-/// Writes the manifest of `listed` (shards indexed with `opts`) in `dir`.
+/// Writes the manifest of `kind`'s shards `listed` (indexed with `opts`)
+/// in `dir`.
 pub(crate) fn write_manifest(
     dir: &Path,
+    kind: DatasetKind,
     opts: &WebDatasetOptions,
     listed: Vec<Listed>,
 ) -> Result<Indexed> {
-    put_manifest(
-        dir,
-        Manifest::new(MANIFEST_FORMAT, indexed_with(opts), listed),
-    )
+    let (format, options) = made_as(kind, opts);
+    put_manifest(dir, Manifest::new(format, options, listed))
 }
 
 /// Writes manifest `m` in `dir` (last, after the index files it lists).

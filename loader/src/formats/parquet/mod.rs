@@ -179,7 +179,7 @@ pub(crate) fn listed(path: &Path) -> Result<Listed> {
     fm.check_counts()?;
     let rows = row_counts(&fm);
     Ok(Listed {
-        name: crate::formats::shards::manifest::split(path).1,
+        name: manifest::split(path).1,
         size: fm.file.size(),
         version: fm.file.version(),
         records: rows.iter().sum(),
