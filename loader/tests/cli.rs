@@ -149,6 +149,36 @@ fn index_writes_a_manifest_that_opening_uses() {
     assert!(!stderr.contains("wick index"), "{stderr}");
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["samples"], 10, "{r}");
+    // Split in parts (each machine a part), then merged reading nothing.
+    std::fs::remove_file(&manifest).unwrap();
+    let index = |args: &[&str]| {
+        let out = succeed(
+            Command::new(env!("CARGO_BIN_EXE_wick"))
+                .arg("index")
+                .arg(&dst)
+                .args(args),
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let a = index(&["--part", "0/2"]);
+    assert!(
+        a.contains("indexed 2 shards") && a.contains("part-0-of-2"),
+        "{a}"
+    );
+    assert!(index(&["--part", "1/2"]).contains("indexed 1 shards"));
+    let merged = index(&[]);
+    assert!(
+        merged.contains("0 read (0.0 MB of shards); 3 listed unchanged by 2 part manifest(s)"),
+        "{merged}"
+    );
+    assert!(manifest.exists());
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args(["index", "--part", "2/2"])
+        .arg(&dst)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("K/N"), "{stderr}");
     // A folder of another kind is refused, naming what it holds.
     let out = Command::new(env!("CARGO_BIN_EXE_wick"))
         .arg("index")

@@ -373,10 +373,16 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///   naming both (open the one meant with its own type).
 pub fn detect(path: impl AsRef<Path>) -> Result<Detected> {
     // One listing of a URL prefix for every suffix probed.
-    crate::storage::one_listing(|| detect_in(path.as_ref()))
+    crate::storage::one_listing(|| detect_in(path.as_ref(), true))
 }
 
-fn detect_in(path: &Path) -> Result<Detected> {
+/// [`detect`], with a URL prefix's shards listed even when a manifest
+/// lists them (what `wick index` reads, to find the shards added since).
+pub(crate) fn detect_listing(path: &Path) -> Result<Detected> {
+    detect_in(path, false)
+}
+
+fn detect_in(path: &Path, by_manifest: bool) -> Result<Detected> {
     let one = |kind, why: String| Detected {
         kind,
         paths: vec![path.to_path_buf()],
@@ -385,8 +391,10 @@ fn detect_in(path: &Path) -> Result<Detected> {
     };
     let has = |suffixes: &[&str]| shard_paths(path, suffixes).ok();
     let megatron = format(DatasetKind::Megatron);
-    if let Some(found) = manifest_shards(path)? {
-        return Ok(found);
+    if by_manifest {
+        if let Some(found) = manifest_shards(path)? {
+            return Ok(found);
+        }
     }
     if crate::storage::is_url(path) || path.is_file() {
         for f in FORMATS.iter().filter(|f| f.sharded && !f.prefix) {

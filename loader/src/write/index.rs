@@ -33,6 +33,9 @@ pub struct Indexed {
     pub reused: usize,
     /// Bytes of the index files written (the manifest included).
     pub index_bytes: u64,
+    /// Part manifests ([`index_part`]) whose listings this manifest took
+    /// in; removed once it was written.
+    pub merged: usize,
 }
 
 /// Indexes the WebDataset or TFRecord shards or Parquet files at `path`
@@ -69,7 +72,54 @@ pub struct Indexed {
 /// # Ok(()) }
 /// ```
 pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
-    let found = crate::formats::detect(path)?;
+    crate::storage::one_listing(|| index_in(path, opts, None))
+}
+
+/// Indexes part `part` of `parts` of the shards at `path` (every
+/// `parts`-th shard of the sorted listing, from the `part`-th: sizes
+/// spread evenly), as [`index`] does, and writes their listing as a part
+/// manifest (`wick-manifest.part-3-of-16.json`) beside the manifest:
+/// `parts` machines, each running one part, read a dataset `parts` times
+/// faster than one. [`index`] then writes the manifest reading no shard
+/// a part manifest lists unchanged, reads those none lists (a part not
+/// run, shards added since), and removes the part manifests. Opening
+/// reads only the manifest: until it is written, the dataset opens as an
+/// unindexed one.
+///
+/// ```no_run
+/// # fn main() -> candle_wick::Result<()> {
+/// use candle_wick::source::WebDatasetOptions;
+/// let (data, opts) = ("s3://bucket/laion/".as_ref(), WebDatasetOptions::default());
+/// // On machine k of 16:
+/// # let k = 0;
+/// candle_wick::write::index_part(data, &opts, k, 16)?;
+/// // Then, on any one machine, once all 16 are done:
+/// let done = candle_wick::write::index(data, &opts)?;
+/// assert_eq!(done.merged, 16);
+/// # Ok(()) }
+/// ```
+pub fn index_part(
+    path: &Path,
+    opts: &WebDatasetOptions,
+    part: usize,
+    parts: usize,
+) -> Result<Indexed> {
+    if part >= parts {
+        return Err(Error::InvalidConfig(format!(
+            "index part {part} of {parts}: parts are numbered from 0 to {}",
+            parts.saturating_sub(1)
+        )));
+    }
+    crate::storage::one_listing(|| index_in(path, opts, Some((part, parts))))
+}
+
+/// [`index`] or, with `part`, [`index_part`].
+fn index_in(
+    path: &Path,
+    opts: &WebDatasetOptions,
+    part: Option<(usize, usize)>,
+) -> Result<Indexed> {
+    let mut found = crate::formats::detect_listing(path)?;
     let parquet = cfg!(feature = "parquet") && found.kind == DatasetKind::Parquet;
     if !matches!(found.kind, DatasetKind::WebDataset | DatasetKind::TfRecord) && !parquet {
         return Err(Error::Dataset {
@@ -95,6 +145,9 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
             source: None,
         });
     }
+    if let Some((part, parts)) = part {
+        found.paths = found.paths.into_iter().skip(part).step_by(parts).collect();
+    }
     let kind = found.kind;
     let earlier = Earlier::read(&dir, kind, opts);
     let listed = crate::formats::shards::open_each(&found.paths, |p| {
@@ -118,21 +171,50 @@ pub fn index(path: &Path, opts: &WebDatasetOptions) -> Result<Indexed> {
         .map(|(l, _)| l.size)
         .sum();
     let listed = listed.into_iter().map(|(l, _)| l).collect();
-    write_manifest(&dir, kind, opts, listed).map(|d| Indexed {
+    let (format, options) = made_as(kind, opts);
+    let m = Manifest::new(format, options, listed);
+    let Some((part, parts)) = part else {
+        let done = put_manifest(&manifest::join(&dir, MANIFEST_NAME), m)?;
+        // The parts are in the manifest now: a later pass reads it.
+        for p in &earlier.parts {
+            remove(p)?;
+        }
+        return Ok(Indexed {
+            reused,
+            shard_bytes,
+            merged: earlier.parts.len(),
+            ..done
+        });
+    };
+    let done = put_manifest(&manifest::join(&dir, &manifest::part_name(part, parts)), m)?;
+    Ok(Indexed {
         reused,
         shard_bytes,
-        ..d
+        ..done
     })
 }
 
-/// What the manifest a folder held before this index pass lists, for the
-/// shards that have not changed since (so that indexing again, after
-/// shards were added, reads only the new ones).
+/// Removes the file or object `path`.
+fn remove(path: &Path) -> Result<()> {
+    if crate::storage::is_url(path) {
+        return crate::storage::delete(path);
+    }
+    std::fs::remove_file(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// What the manifest a folder held before this index pass lists, and its
+/// part manifests ([`index_part`]), for the shards that have not changed
+/// since (so that indexing again, after shards were added, reads only the
+/// new ones).
 struct Earlier {
-    /// Its shards by name.
-    listed: std::collections::HashMap<String, Listed>,
-    /// When it was written, for local shards (which have no version).
-    written: Option<std::time::SystemTime>,
+    /// Their shards by name, each with when the manifest listing it was
+    /// written (for local shards, which have no version).
+    listed: std::collections::HashMap<String, (Listed, Option<std::time::SystemTime>)>,
+    /// The part manifests found.
+    parts: Vec<PathBuf>,
     /// Whether damage may be listed (`skip_damaged`).
     damage: bool,
 }
@@ -142,22 +224,28 @@ impl Earlier {
     /// `opts`.
     fn read(dir: &Path, kind: DatasetKind, opts: &WebDatasetOptions) -> Self {
         let (format, options) = made_as(kind, opts);
-        let path = manifest::join(dir, MANIFEST_NAME);
-        // A manifest that cannot be read (damaged, or a lying one) is the
-        // one this pass replaces: nothing of it is kept.
-        let m = Manifest::read(dir).ok().flatten();
-        let m = m.filter(|m| m.format == format && m.options == options);
-        let written = match crate::storage::is_url(&path) {
-            true => None,
-            false => std::fs::metadata(&path).and_then(|m| m.modified()).ok(),
-        };
+        let parts = manifest::parts_in(dir);
+        let mut listed = std::collections::HashMap::new();
+        // The parts first, the manifest last: where both list a shard, the
+        // manifest's listing stands (its own time vouches for it).
+        for path in parts.iter().chain([&manifest::join(dir, MANIFEST_NAME)]) {
+            // A manifest that cannot be read (damaged, or a lying one) is
+            // one this pass replaces: nothing of it is kept.
+            let m = Manifest::read_at(path).ok().flatten();
+            let Some(m) = m.filter(|m| m.format == format && m.options == options) else {
+                continue;
+            };
+            // A local shard is unchanged when not modified after the
+            // manifest that lists it was written.
+            let written = match crate::storage::is_url(path) {
+                true => None,
+                false => std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+            };
+            listed.extend(m.shards.into_iter().map(|s| (s.name.clone(), (s, written))));
+        }
         Self {
-            listed: m
-                .into_iter()
-                .flat_map(|m| m.shards)
-                .map(|s| (s.name.clone(), s))
-                .collect(),
-            written,
+            listed,
+            parts,
             damage: opts.shard.skip_damaged,
         }
     }
@@ -170,7 +258,7 @@ impl Earlier {
     /// and its index file (a Parquet file has none) the listed size.
     fn unchanged(&self, path: &Path, kind: DatasetKind) -> Result<Option<Listed>> {
         let name = manifest::split(path).1;
-        let Some(l) = self.listed.get(&name) else {
+        let Some((l, written)) = self.listed.get(&name) else {
             return Ok(None);
         };
         if !l.damage.is_empty() && !self.damage {
@@ -182,7 +270,7 @@ impl Earlier {
                 (Some(now), Some(then)) => now == *then,
                 (None, None) if !crate::storage::is_url(path) => {
                     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-                    matches!((modified, self.written), (Some(m), Some(w)) if m < w)
+                    matches!((modified, written), (Some(m), Some(w)) if m < *w)
                 }
                 _ => false,
             };
@@ -266,11 +354,14 @@ pub(crate) fn write_manifest(
     listed: Vec<Listed>,
 ) -> Result<Indexed> {
     let (format, options) = made_as(kind, opts);
-    put_manifest(dir, Manifest::new(format, options, listed))
+    put_manifest(
+        &manifest::join(dir, MANIFEST_NAME),
+        Manifest::new(format, options, listed),
+    )
 }
 
-/// Writes manifest `m` in `dir` (last, after the index files it lists).
-fn put_manifest(dir: &Path, m: Manifest) -> Result<Indexed> {
+/// Writes manifest `m` as `path` (last, after the index files it lists).
+fn put_manifest(path: &Path, m: Manifest) -> Result<Indexed> {
     let listed = &m.shards;
     let shards = listed.len();
     let records = listed.iter().map(|l| l.records).sum();
@@ -278,15 +369,15 @@ fn put_manifest(dir: &Path, m: Manifest) -> Result<Indexed> {
     let mut index_bytes: u64 = listed.iter().map(|l| l.index_bytes).sum();
     let bytes = m.to_bytes();
     index_bytes += bytes.len() as u64;
-    let path = manifest::join(dir, MANIFEST_NAME);
-    put(&path, &bytes)?;
+    put(path, &bytes)?;
     Ok(Indexed {
-        manifest: path,
+        manifest: path.to_path_buf(),
         shards,
         records,
         shard_bytes,
         index_bytes,
         reused: 0,
+        merged: 0,
     })
 }
 
@@ -381,5 +472,69 @@ mod tests {
         let fresh = index(dir.path(), &opts).unwrap();
         assert_eq!((fresh.reused, fresh.records), (0, 19));
         assert_eq!(Manifest::read(dir.path()).unwrap().unwrap(), m);
+    }
+
+    /// An index split in parts reads each shard once: each part its own
+    /// shards, into a part manifest; the pass after them none of those,
+    /// the shards no part listed (added since) alone, and writes the
+    /// manifest a single pass writes, the parts removed.
+    #[test]
+    fn an_index_split_in_parts_reads_each_shard_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |k: usize| dir.path().join(format!("s-{k}.tfrecord"));
+        (0..5).for_each(|k| shard(&p(k), k + 1, 10));
+        let opts = WebDatasetOptions::default();
+        let size = |ks: &[usize]| -> u64 {
+            ks.iter()
+                .map(|&k| std::fs::metadata(p(k)).unwrap().len())
+                .sum()
+        };
+        let a = index_part(dir.path(), &opts, 0, 2).unwrap();
+        let b = index_part(dir.path(), &opts, 1, 2).unwrap();
+        assert_eq!(
+            (a.shards, a.records, a.shard_bytes),
+            (3, 9, size(&[0, 2, 4]))
+        );
+        assert_eq!((b.shards, b.records, b.shard_bytes), (2, 6, size(&[1, 3])));
+        assert_eq!(
+            a.manifest,
+            dir.path().join("wick-manifest.part-0-of-2.json")
+        );
+        assert!(!dir.path().join(MANIFEST_NAME).exists());
+        let e = index_part(dir.path(), &opts, 2, 2).unwrap_err().to_string();
+        assert!(e.contains("part 2 of 2"), "{e}");
+
+        shard(&p(5), 2, 10);
+        let done = index(dir.path(), &opts).unwrap();
+        assert_eq!((done.shards, done.records), (6, 17));
+        assert_eq!((done.reused, done.merged), (5, 2));
+        assert_eq!(done.shard_bytes, size(&[5]));
+        assert!(manifest::parts_in(dir.path()).is_empty());
+        let m = Manifest::read(dir.path()).unwrap().unwrap();
+        std::fs::remove_file(dir.path().join(MANIFEST_NAME)).unwrap();
+        assert_eq!(index(dir.path(), &opts).unwrap().reused, 0);
+        assert_eq!(Manifest::read(dir.path()).unwrap().unwrap(), m);
+    }
+
+    /// Indexing a URL prefix again lists it, rather than taking the
+    /// shards its manifest lists: a shard added since is indexed.
+    #[cfg(feature = "remote")]
+    #[test]
+    fn indexing_a_prefix_again_finds_the_shards_added_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |k: usize| dir.path().join(format!("s-{k}.tfrecord"));
+        (0..3).for_each(|k| shard(&p(k), 4, 10));
+        let url = PathBuf::from(format!("file://{}/", dir.path().display()));
+        let opts = WebDatasetOptions::default();
+        let first = index(&url, &opts).unwrap();
+        assert_eq!((first.shards, first.records, first.reused), (3, 12, 0));
+        shard(&p(3), 5, 10);
+        let again = index(&url, &opts).unwrap();
+        assert_eq!((again.shards, again.records, again.reused), (4, 17, 3));
+        let half = index_part(&url, &opts, 1, 2).unwrap();
+        assert_eq!((half.shards, half.reused), (2, 2));
+        let merged = index(&url, &opts).unwrap();
+        assert_eq!((merged.shards, merged.reused, merged.merged), (4, 4, 1));
+        assert!(manifest::parts_in(&url).is_empty());
     }
 }

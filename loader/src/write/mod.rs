@@ -26,7 +26,7 @@ mod webdataset;
 pub use self::parquet::ParquetWriter;
 pub use self::safetensors::SafetensorsWriter;
 pub use convert::{convert, ConvertOptions, ShardFormat};
-pub use index::{index, Indexed};
+pub use index::{index, index_part, Indexed};
 pub use tfrecord::TfRecordWriter;
 pub use webdataset::WebDatasetWriter;
 

@@ -1,6 +1,7 @@
-//! `wick index`: a WebDataset's or TFRecord dataset's manifest and
-//! per-shard index files, written once beside its shards, so that opening
-//! it reads no shard.
+//! `wick index`: a WebDataset's, TFRecord dataset's or Parquet dataset's
+//! manifest and per-shard index files, written once beside its shards
+//! (split across machines with `--part`), so that opening it reads no
+//! shard.
 
 use candle_wick::source::{ShardOptions, WebDatasetOptions};
 use std::path::PathBuf;
@@ -23,6 +24,22 @@ pub(crate) struct IndexArgs {
     /// the manifest) instead of failing.
     #[arg(long)]
     pub(crate) skip_damaged: bool,
+    /// Index part K of N only (`3/16`: every 16th shard from the 4th),
+    /// writing a part manifest: run each part on its own machine, then
+    /// `wick index DATA` without `--part` on one to write the manifest
+    /// (it reads no shard a part listed).
+    #[arg(long, value_name = "K/N", value_parser = parse_part)]
+    pub(crate) part: Option<(usize, usize)>,
+}
+
+fn parse_part(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?}: a part is K/N, 0 <= K < N (3/16)");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n): (usize, usize) = (k.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+    if k >= n {
+        return Err(bad());
+    }
+    Ok((k, n))
 }
 
 pub(crate) fn run(a: &IndexArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -35,11 +52,17 @@ pub(crate) fn run(a: &IndexArgs) -> Result<(), Box<dyn std::error::Error>> {
         ..WebDatasetOptions::default()
     };
     let t = Instant::now();
-    let done = candle_wick::write::index(&a.data, &opts)?;
+    let done = match a.part {
+        Some((k, n)) => candle_wick::write::index_part(&a.data, &opts, k, n)?,
+        None => candle_wick::write::index(&a.data, &opts)?,
+    };
     let per_sample = done.index_bytes as f64 / done.records.max(1) as f64;
-    let reused = match done.reused {
-        0 => String::new(),
-        n => format!("; {n} unchanged since the last index, kept"),
+    let reused = match (done.reused, done.merged) {
+        (0, _) => String::new(),
+        (n, 0) => format!("; {n} unchanged since the last index, kept"),
+        (n, parts) => {
+            format!("; {n} listed unchanged by {parts} part manifest(s) or the last index, kept")
+        }
     };
     println!(
         "indexed {} shards ({} samples): {} read ({:.1} MB of shards){reused}, in {:.1?}; \

@@ -83,7 +83,12 @@ impl Manifest {
     /// The manifest in folder (or URL prefix) `dir`, if there is one. A
     /// manifest that cannot be read or parsed is an error naming it.
     pub(crate) fn read(dir: &Path) -> Result<Option<Self>> {
-        let path = join(dir, MANIFEST_NAME);
+        Self::read_at(&join(dir, MANIFEST_NAME))
+    }
+
+    /// The manifest (or part manifest) at `path`, as [`read`](Self::read).
+    pub(crate) fn read_at(path: &Path) -> Result<Option<Self>> {
+        let path = path.to_path_buf();
         let Some(bytes) = crate::storage::read_if_exists(&path, MAX_MANIFEST_BYTES)? else {
             return Ok(None);
         };
@@ -282,6 +287,37 @@ pub(crate) fn join(dir: &Path, name: &str) -> PathBuf {
     } else {
         dir.join(name)
     }
+}
+
+/// The name of part `part` of `parts` of a manifest written by index
+/// passes split across machines (`wick-manifest.part-3-of-16.json`).
+pub(crate) fn part_name(part: usize, parts: usize) -> String {
+    format!("{PART_PREFIX}{part}-of-{parts}.json")
+}
+
+const PART_PREFIX: &str = "wick-manifest.part-";
+
+/// The part manifests in folder (or URL prefix) `dir`, sorted (a local
+/// folder that cannot be read, or a store that cannot list, has none).
+pub(crate) fn parts_in(dir: &Path) -> Vec<PathBuf> {
+    let is_part = |name: &str| name.starts_with(PART_PREFIX) && name.ends_with(".json");
+    let mut found: Vec<PathBuf> = if is_url(dir) {
+        crate::storage::list_urls(url_of(dir), &[".json"])
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| is_part(&split(p).1))
+            .collect()
+    } else {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| is_part(&split(p).1))
+            .collect()
+    };
+    found.sort();
+    found
 }
 
 /// The folder (or URL prefix) of a shard and its file name.
