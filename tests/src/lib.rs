@@ -215,7 +215,7 @@ pub fn wds_bytes(first: usize, samples: usize, jpg_bytes: usize) -> Vec<u8> {
 /// A small HTTP/1.1 object server on 127.0.0.1 for the remote tests:
 /// `HEAD` and `GET` of its objects with their sizes and entity tags,
 /// ranged GETs (`Range: bytes=a-b` and `a-`), `If-Match` (412 when the
-/// object changed), bodies sent at most `rate` bytes a second (in 16 KiB
+/// object changed), `If-None-Match` (304 when it did not), bodies sent at most `rate` bytes a second (in 16 KiB
 /// writes), and a stall: once it has sent `stall_after` bytes of bodies
 /// in all, every body stops where it is (the connection stays open).
 /// Objects can be replaced while it runs, by [`ObjectServer::put`] or a
@@ -394,6 +394,11 @@ fn serve(conn: std::net::TcpStream, st: &ServerState) {
             .is_some_and(|m| *m != tag && m != "*")
         {
             let _ = out.write_all(b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        }
+        if headers.get("if-none-match").is_some_and(|m| *m == tag) {
+            let head = format!("HTTP/1.1 304 Not Modified\r\nETag: {tag}\r\n\r\n");
+            let _ = out.write_all(head.as_bytes());
             continue;
         }
         let len = object.len() as u64;

@@ -1,8 +1,10 @@
 //! A large token file in object storage is read by range, chunk by chunk,
 //! into one local file that a node's processes share through the cache
 //! directory: a rank's first window costs one chunk, not the corpus, and a
-//! second reader of the node fetches nothing the first fetched. (Its own
-//! test binary: the chunk size it sets is process-wide.)
+//! second reader of the node fetches nothing the first fetched. A
+//! dataset's manifest likewise crosses the network once a node, each open
+//! asking the store whether it changed. (Its own test binary: the chunk
+//! size and the cache it sets are process-wide.)
 
 use candle_wick::source::TokenFile;
 use candle_wick::storage::{__set_chunk_bytes, set_cache, RemoteCache};
@@ -107,4 +109,54 @@ fn without_a_directory_a_process_reads_by_chunk_alone() {
     assert_eq!(window(&f, 900_000), want(&tokens, 900_000));
     assert_eq!(window(&f, 900_100), want(&tokens, 900_100));
     assert_eq!(gets(&server, log, "/alone/big.bin"), 2);
+}
+
+/// A dataset's manifest crosses the network once a node: the first open
+/// keeps it in the cache directory with its entity tag; a later open (of
+/// this process or another of the node) asks the store whether it
+/// changed, and gets no body when it did not; a manifest rewritten since
+/// is read again whole, never stale.
+#[test]
+fn a_manifest_is_fetched_once_a_node_and_asked_after_since() {
+    use candle_wick::source::TfRecord;
+    use candle_wick::Source;
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = ObjectServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    for k in 0..3 {
+        let path = dir.path().join(format!("s-{k}.tfrecord"));
+        let mut w = candle_wick::write::TfRecordWriter::create(&path).unwrap();
+        (0..5u8).for_each(|i| w.write_record(&[i; 40]).unwrap());
+        w.into_inner().unwrap();
+        server.put(&format!("/m/s-{k}.tfrecord"), std::fs::read(&path).unwrap());
+    }
+    let pattern = server.url("/m/s-{0..2}.tfrecord");
+    candle_wick::write::index(pattern.as_ref(), &Default::default()).unwrap();
+    let manifest = server.get("/m/wick-manifest.json").unwrap();
+    let urls: Vec<String> = (0..3)
+        .map(|k| server.url(&format!("/m/s-{k}.tfrecord")))
+        .collect();
+    let cache = tempfile::tempdir().unwrap();
+    set_cache(&RemoteCache::memory(0).disk(cache.path(), 1 << 30)).unwrap();
+    let open = || {
+        let (log, sent) = (server.log().len(), server.bytes_sent());
+        let t = TfRecord::open(urls.clone()).unwrap();
+        assert_eq!(t.len(), 15);
+        let asked = server.log()[log..].to_vec();
+        assert_eq!(asked, ["GET /m/wick-manifest.json auth=None"]);
+        server.bytes_sent() - sent
+    };
+    assert_eq!(open(), manifest.len() as u64);
+    assert_eq!(open(), 0, "an unchanged manifest is not sent again");
+    // Rewritten (the same listing, other bytes): read whole again, then
+    // not again.
+    let mut changed = manifest.clone();
+    changed.push(b'\n');
+    server.put("/m/wick-manifest.json", changed.clone());
+    assert_eq!(open(), changed.len() as u64);
+    assert_eq!(open(), 0);
+    // Without a directory every open reads it whole.
+    set_cache(&RemoteCache::default()).unwrap();
+    assert_eq!(open(), changed.len() as u64);
+    assert_eq!(open(), changed.len() as u64);
 }

@@ -509,8 +509,11 @@ pub(crate) fn check_url(url: &Path) -> Result<()> {
     remote::check(url_of(url))
 }
 
-/// The file or object at `path` whole, read past the remote cache, or
-/// `None` when there is none; over `max` bytes is an error naming it.
+/// The file or object at `path` whole, read past the remote cache's
+/// memory (an object rewritten in place is never read stale; with a cache
+/// directory its bytes cross the network once a node, each process asking
+/// whether it changed), or `None` when there is none; over `max` bytes is
+/// an error naming it.
 pub(crate) fn read_if_exists(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
     let too_big = |len: u64| Error::Dataset {
         path: path.to_path_buf(),

@@ -560,10 +560,11 @@ pub(crate) fn check(url: &str) -> Result<()> {
     split(url).map(drop)
 }
 
-/// The whole object `url` in one GET, past the local cache (a file that is
-/// rewritten in place: a dataset's manifest): `None` when there is no such
-/// object (or the store will not say), `Some(Err(size))` when it is over
-/// `max` bytes.
+/// The whole object `url` in one GET, past the memory cache (a file that
+/// is rewritten in place: a dataset's manifest), its bytes fetched once a
+/// node where there is a cache directory ([`get_shared`]): `None` when
+/// there is no such object (or the store will not say), `Some(Err(size))`
+/// when it is over `max` bytes.
 ///
 /// Inside [`one_listing`], an object is fetched at most once (a dataset's
 /// detection reads its manifest, then its open reads it again).
@@ -575,27 +576,112 @@ pub(crate) fn get_if_exists(
     if let Some(got) = memo {
         return Ok(got);
     }
-    let (store, path) = store(url)?;
-    let got = block_on(async move {
-        let got = match store.get_opts(&path, GetOptions::new()).await {
-            // S3 answers a missing key with 403 to a caller that may not
-            // list the bucket: absent too.
-            Err(object_store::Error::NotFound { .. })
-            | Err(object_store::Error::PermissionDenied { .. }) => return Ok(None),
-            got => got?,
-        };
-        if got.meta.size > max {
-            return Ok(Some(Err(got.meta.size)));
-        }
-        got.bytes().await.map(|b| Some(Ok(b)))
-    })?
-    .map_err(|e| read_error(url, "cannot read the object", e))?;
+    let got = get_shared(url, max)?;
     FETCHED.with(|m| {
         if let Some(m) = m.borrow_mut().as_mut() {
             m.insert(url.to_string(), got.clone());
         }
     });
     Ok(got)
+}
+
+/// What [`get_unless`] found.
+enum Got {
+    /// No such object (or the store will not say).
+    Missing,
+    /// The object, over the limit: its size.
+    TooBig(u64),
+    /// The object has the entity tag asked about: not sent.
+    Same,
+    /// The object, with its entity tag when the store gives one.
+    New(Bytes, Option<String>),
+}
+
+/// The whole object `url` in one GET, unless its entity tag is `tag`.
+fn get_unless(url: &str, max: u64, tag: Option<&str>) -> Result<Got> {
+    let (store, path) = store(url)?;
+    let opts = GetOptions {
+        if_none_match: tag.map(str::to_string),
+        ..GetOptions::new()
+    };
+    block_on(async move {
+        let got = match store.get_opts(&path, opts).await {
+            Err(object_store::Error::NotModified { .. }) => return Ok(Got::Same),
+            // S3 answers a missing key with 403 to a caller that may not
+            // list the bucket: absent too.
+            Err(object_store::Error::NotFound { .. })
+            | Err(object_store::Error::PermissionDenied { .. }) => return Ok(Got::Missing),
+            got => got?,
+        };
+        if got.meta.size > max {
+            return Ok(Got::TooBig(got.meta.size));
+        }
+        let tag = got.meta.e_tag.clone();
+        got.bytes().await.map(|b| Got::New(b, tag))
+    })?
+    .map_err(|e| read_error(url, "cannot read the object", e))
+}
+
+/// Leads a node's copy of an object read whole past the cache (a
+/// manifest, a TFRecord `.idx`): its entity tag's length (4 bytes, little
+/// endian) and tag, then the object.
+const NODE_COPY: &[u8; 8] = b"wickget1";
+
+/// The whole object `url` (as [`get_if_exists`] gives it), shared by the
+/// node's processes through the cache directory, when there is one: the
+/// first process to take the object's lock GETs it and keeps a copy with
+/// its entity tag; the others, and later runs, send a GET that asks for
+/// the object only if its tag changed (`If-None-Match`), and the store
+/// answers an unchanged one with no body. Each process still asks (an
+/// object rewritten in place is never read stale), but the object's bytes
+/// cross the network once a node. An object the store gives no tag, and
+/// every object without a cache directory, is read whole by each process.
+fn get_shared(url: &str, max: u64) -> Result<Option<std::result::Result<Bytes, u64>>> {
+    use super::NodeFile;
+    let key = format!("get {url}");
+    let (held, lock) = match super::node_file(&key, true)? {
+        NodeFile::Ready(copy) => (parse_copy(copy.bytes()), None),
+        NodeFile::Mine(lock) => (None, Some(lock)),
+        NodeFile::Busy | NodeFile::Alone => (None, None),
+    };
+    let got = get_unless(url, max, held.as_ref().map(|h| h.0.as_str()))?;
+    Ok(match got {
+        Got::Missing => None,
+        Got::TooBig(len) => Some(Err(len)),
+        Got::Same => match held {
+            Some((_, bytes)) => Some(Ok(bytes)),
+            // "Not modified" to a GET that named no tag: no store says it.
+            None => {
+                return Err(Error::Dataset {
+                    path: url.into(),
+                    reason: "the store answered a plain GET with \"not modified\"".into(),
+                    source: None,
+                })
+            }
+        },
+        Got::New(bytes, tag) => {
+            if let Some(tag) = tag.filter(|t| u32::try_from(t.len()).is_ok()) {
+                let mut copy = Vec::with_capacity(12 + tag.len() + bytes.len());
+                copy.extend_from_slice(NODE_COPY);
+                copy.extend_from_slice(&(tag.len() as u32).to_le_bytes());
+                copy.extend_from_slice(tag.as_bytes());
+                copy.extend_from_slice(&bytes);
+                // A copy not written is fetched again by the next process.
+                let _ = super::node_publish(&key, &copy);
+            }
+            drop(lock);
+            Some(Ok(bytes))
+        }
+    })
+}
+
+/// The entity tag and object of a node's copy ([`NODE_COPY`]); `None` for
+/// a file that is not one (read again whole).
+fn parse_copy(copy: &[u8]) -> Option<(String, Bytes)> {
+    let rest = copy.strip_prefix(NODE_COPY.as_slice())?;
+    let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let tag = std::str::from_utf8(rest.get(4..4 + len)?).ok()?;
+    Some((tag.to_string(), Bytes::copy_from_slice(&rest[4 + len..])))
 }
 
 /// The objects under `url` (a prefix: `s3://bucket/train/`), as URLs,
