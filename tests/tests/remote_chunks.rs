@@ -160,3 +160,57 @@ fn a_manifest_is_fetched_once_a_node_and_asked_after_since() {
     assert_eq!(open(), changed.len() as u64);
     assert_eq!(open(), changed.len() as u64);
 }
+
+/// A TFRecord shard's offsets are made once a node: the first process to
+/// read the shard turns its `.idx` into 8 bytes a record in the cache
+/// directory, and the others map that copy without reading the `.idx`
+/// (here: the `.idx` gone from the node and spoiled in the store, a
+/// second open still reads every record).
+#[test]
+fn tfrecord_offsets_are_made_once_a_node_and_mapped() {
+    use candle_wick::source::TfRecord;
+    use candle_wick::Source;
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = ObjectServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s-0.tfrecord");
+    let mut w = candle_wick::write::TfRecordWriter::create(&path).unwrap();
+    (0..6u8).for_each(|i| w.write_record(&[i; 25]).unwrap());
+    w.into_inner().unwrap();
+    let shard = std::fs::read(&path).unwrap();
+    server.put("/o/s-0.tfrecord", shard.clone());
+    let url = server.url("/o/s-0.tfrecord");
+    candle_wick::write::index(url.as_ref(), &Default::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    set_cache(&RemoteCache::memory(0).disk(cache.path(), 1 << 30)).unwrap();
+    let first = TfRecord::open([&url]).unwrap();
+    // Records are not Examples: each read fails parsing, after its bytes
+    // were found through the offsets.
+    let read_all = |t: &TfRecord| {
+        (0..6).for_each(|i| {
+            let e = candle_wick::error_chain(&t.read(i).unwrap_err());
+            assert!(!e.contains(".idx"), "record {i}: {e}");
+        })
+    };
+    read_all(&first);
+    let want: Vec<u8> = [0u64, 41, 82, 123, 164, 205, 246]
+        .iter()
+        .flat_map(|b| b.to_le_bytes())
+        .collect();
+    assert_eq!(shard.len(), 246);
+    let mut copies = 0;
+    for e in std::fs::read_dir(cache.path()).unwrap().flatten() {
+        let bytes = std::fs::read(e.path()).unwrap();
+        if bytes == want {
+            copies += 1;
+        } else if e.path().extension().is_some_and(|x| x == "obj") {
+            // The `.idx`'s own copy: gone, as after an eviction.
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    assert_eq!(copies, 1, "one copy of the offsets, 8 bytes a record");
+    server.put("/o/s-0.tfrecord.idx", b"0 1\n".to_vec());
+    let second = TfRecord::open([&url]).unwrap();
+    read_all(&second);
+    set_cache(&RemoteCache::default()).unwrap();
+}

@@ -23,7 +23,7 @@ use example::parse_example;
 use framing::{check_record, scan, RecordReader};
 pub(crate) use index::index_path;
 pub(crate) use index::index_text;
-use index::{parse_index, read_index_file, write_index_file};
+use index::{parse_index, read_index_file, write_index_file, Offsets};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -102,12 +102,12 @@ struct Shard {
     count: usize,
 }
 
-/// An uncompressed shard's file, open for positioned reads, and the
-/// `(offset, data length)` of each record.
+/// An uncompressed shard's file, open for positioned reads, and where
+/// each record is.
 #[derive(Debug)]
 struct Opened {
     file: Blob,
-    records: Vec<(u64, u64)>,
+    offsets: Offsets,
 }
 
 /// A shard read through at open (no manifest lists it).
@@ -116,7 +116,8 @@ pub(crate) struct Counted {
     pub(crate) blob: Blob,
     /// Its size.
     pub(crate) len: u64,
-    /// Where each record is (uncompressed; empty when compressed).
+    /// Where each record is, when read through uncompressed (empty when
+    /// compressed, or opened from its `.idx`).
     pub(crate) records: Vec<(u64, u64)>,
     /// How many records it holds.
     pub(crate) count: usize,
@@ -225,13 +226,14 @@ impl TfRecord {
             let count = match &listed {
                 Some((_, l)) => set.push_listed(&opts.shard, &path, l)?,
                 None => {
-                    let c = opened.next().expect("one open a shard no manifest lists")?;
+                    let (c, read) = opened.next().expect("one open a shard no manifest lists")?;
                     set.damage.extend(c.damage);
                     set.push(&path, c.count);
                     if !c.compressed {
+                        let offsets = read.unwrap_or_else(|| Offsets::of_records(&c.records));
                         loaded = Some(Opened {
                             file: c.blob,
-                            records: c.records,
+                            offsets,
                         });
                     }
                     c.count
@@ -260,29 +262,30 @@ impl TfRecord {
 /// Shard `path`, which no manifest lists, opened: an uncompressed one
 /// from its `.idx` when there is one (and `opts` reads them), else read
 /// through (and its `.idx` written, when `opts` says so).
-fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<Counted> {
+fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<(Counted, Option<Offsets>)> {
     let compression = opts.compression.resolve(path);
     if compression == Compression::None && opts.read_index_files {
         let idx = index_path(path);
         // One GET of a remote `.idx`, which may not be there.
         if let Some(bytes) = crate::storage::read_if_exists(&idx, 1 << 30)? {
             let (blob, len) = Blob::open(path)?;
-            let records = read_index_file((&idx, &bytes), (path, &blob), len)?;
-            return Ok(Counted {
-                count: records.len(),
+            let offsets = read_index_file((&idx, &bytes), (path, &blob), len)?;
+            let c = Counted {
+                count: offsets.len(),
                 blob,
                 len,
-                records,
+                records: Vec::new(),
                 compressed: false,
                 damage: Vec::new(),
-            });
+            };
+            return Ok((c, Some(offsets)));
         }
     }
     let c = count(path, compression, &opts.shard)?;
     if !c.compressed && opts.write_index_files && !crate::storage::is_url(path) {
         write_index_file(&index_path(path), &c.records)?;
     }
-    Ok(c)
+    Ok((c, None))
 }
 
 /// Shard `path`'s file and record offsets from what `manifest` lists of
@@ -290,26 +293,59 @@ fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<Counted> {
 /// indexed, and its `.idx` the size and checksum the manifest gives
 /// ([`manifest::open_listed`], [`manifest::map_sidecar`]; the `.idx` of a
 /// remote shard is fetched once a node with a cache directory).
+///
+/// With a cache directory, one process of the node turns the `.idx` into
+/// the offsets' binary form there (8 bytes a record, named by the `.idx`'s
+/// path, size and checksum) and every process maps it: the node holds one
+/// copy, in the page cache, and a process that finds it made reads no
+/// `.idx`. Without one, each process parses the `.idx` into its memory.
 fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> {
+    use crate::storage::NodeFile;
     let (file, len) = manifest::open_listed(path, manifest, listed)?;
     if listed.records == 0 {
         return Ok(Opened {
             file,
-            records: Vec::new(),
+            offsets: Offsets::Owned(Vec::new()),
         });
     }
     let idx = index_path(path);
+    // The records end where damage left out begins, else at the end.
+    let ends = listed.damage.iter().map(|d| d.0).min().unwrap_or(len);
+    let key = format!(
+        "tfrecord offsets {} {} {}",
+        idx.display(),
+        listed.index_bytes,
+        listed.index_crc
+    );
+    let lock = match crate::storage::node_file(&key, true)? {
+        NodeFile::Ready(copy) => match Offsets::mapped(copy, listed.records, ends) {
+            Some(offsets) => return Ok(Opened { file, offsets }),
+            None => None,
+        },
+        NodeFile::Mine(lock) => Some(lock),
+        NodeFile::Busy | NodeFile::Alone => None,
+    };
     let backing = manifest::map_sidecar(&idx, manifest, listed, crc32c::crc32c)?;
-    let records = parse_index(&idx, backing.bytes(), len)?;
-    if records.len() as u64 != listed.records {
+    let offsets = parse_index(&idx, backing.bytes(), ends)?;
+    if offsets.len() as u64 != listed.records {
         let what = format!(
             "the index holds {} records, not the {} the manifest lists",
-            records.len(),
+            offsets.len(),
             listed.records
         );
         return Err(manifest::changed(&idx, manifest, &what));
     }
-    Ok(Opened { file, records })
+    if let Some(lock) = lock {
+        crate::storage::node_publish(&key, &offsets.to_bytes())?;
+        drop(lock);
+        // This process maps the node's copy too, rather than keep its own.
+        if let Ok(NodeFile::Ready(copy)) = crate::storage::node_file(&key, false) {
+            if let Some(offsets) = Offsets::mapped(copy, listed.records, ends) {
+                return Ok(Opened { file, offsets });
+            }
+        }
+    }
+    Ok(Opened { file, offsets })
 }
 
 /// TFRecord shards in the format table: uncompressed, gzip or zlib, each
@@ -345,7 +381,7 @@ impl Source for TfRecord {
             )));
         }
         let opened = self.opened(s)?;
-        let (offset, len) = opened.records[number];
+        let (offset, len) = opened.offsets.get(number);
         let mut buf = vec![0; len as usize + 16];
         opened.file.read_exact_at(&shard.path, offset, &mut buf)?;
         let data = check_record(&shard.path, offset, &buf)?;
@@ -562,6 +598,42 @@ mod tests {
         };
         let e = TfRecord::open_with(&paths, opts).unwrap_err().to_string();
         assert!(e.contains("a.tfrecord"), "{e}");
+    }
+
+    /// A shard indexed with its damage left out (`--skip-damaged`) opens
+    /// from the manifest to the records before the damage, whose `.idx`
+    /// ends there, and reads them.
+    #[test]
+    fn a_damaged_shard_opens_from_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tfrecord");
+        let mut w = crate::write::TfRecordWriter::create(&path).unwrap();
+        (0..5u8).for_each(|i| w.write_record(&[i; 30]).unwrap());
+        w.into_inner().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend([7; 9]);
+        std::fs::write(&path, bytes).unwrap();
+        let skip = ShardOptions { skip_damaged: true };
+        let opts = crate::source::WebDatasetOptions {
+            shard: skip.clone(),
+            ..Default::default()
+        };
+        assert_eq!(crate::write::index(dir.path(), &opts).unwrap().records, 5);
+        let opts = TfRecordOptions {
+            shard: skip,
+            ..Default::default()
+        };
+        let t = TfRecord::open_with([&path], opts).unwrap();
+        assert_eq!((t.len(), t.damage().len()), (5, 1));
+        assert!(
+            t.shards[0].opened.get().is_none(),
+            "opened from the manifest"
+        );
+        let r = t.read_parts(4, &Parts::Default, Vec::new());
+        let e = crate::error::error_chain(&r.unwrap_err());
+        // The records are not Examples: a parse error, not the index's.
+        assert!(!e.contains("idx"), "{e}");
+        assert_eq!(t.shards[0].opened.get().unwrap().offsets.len(), 5);
     }
 
     /// A gzip shard of many empty records (a few KB on disk, 3.2 MB
