@@ -36,7 +36,8 @@ for parts in 1 8; do
 done
 # TFRecord shards opened read through, from their .idx files, and from a
 # manifest, and Parquet files from their footers and from a manifest:
-# requests and bytes of the open, and what a record's read asks.
+# requests and bytes of the open, and what a record's read asks; last,
+# 8 ranks of a node opening with the manifest, sharing a cache directory.
 for format in tfrecord parquet; do
   echo "== $format, 256 files of 200 records"
   "$bin" "$format" "${dir}-$format" 256 200

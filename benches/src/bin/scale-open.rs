@@ -50,6 +50,11 @@
 //! the `.idx` files, and with both. It prints each open's
 //! requests, body bytes and time, and what reading one record then asks.
 //!
+//! A last row opens them with the manifest as 8 ranks of one node, one
+//! after another, sharing a cache directory, each reading that record:
+//! the node's requests and bytes, and each rank's at open and at its
+//! read.
+//!
 //! `scale-open parquet DIR FILES ROWS` does the same for Parquet files
 //! of `ROWS` rows (row groups of a tenth of a file; the image and label
 //! columns), opened without and with their manifest (a window of one
@@ -461,10 +466,14 @@ fn formats(
     println!("| open | requests | bytes (% of the files) | time | a record's read |");
     println!("|---|---:|---:|---:|---|");
     let ways: &[&str] = match parquet {
-        true => &["footers", "manifest"],
-        false => &["read through", ".idx files", "manifest"],
+        true => &["footers", "manifest", NODE],
+        false => &["read through", ".idx files", "manifest", NODE],
     };
     for &how in ways {
+        if how == NODE {
+            node_open(parquet, &data, &index, shards, records)?;
+            continue;
+        }
         let server = ObjectServer::start();
         server.put_dir("/ds", &data);
         for k in (0..shards).filter(|_| !parquet && how != "read through") {
@@ -479,18 +488,7 @@ fn formats(
             .map(|k| PathBuf::from(server.url(&format!("/ds/{}", name(k)))))
             .collect();
         let t = Instant::now();
-        let source: Box<dyn candle_wick::Source> = match parquet {
-            true => {
-                // A window of one row group: a read reads ahead one group.
-                let opts = candle_wick::source::ParquetOptions {
-                    shuffle_window: 1,
-                    label_column: None,
-                    ..Default::default()
-                };
-                Box::new(candle_wick::source::Parquet::open_with(&urls, opts)?)
-            }
-            false => Box::new(candle_wick::source::TfRecord::open(&urls)?),
-        };
+        let source = open_files(parquet, &urls)?;
         let took = t.elapsed();
         let (requests, bytes) = counts(&server);
         if source.len() != shards * records {
@@ -518,6 +516,96 @@ fn formats(
             read.join(", ")
         );
     }
+    Ok(())
+}
+
+/// The TFRecord shards or Parquet files `urls`, opened (Parquet: a
+/// window of one row group, so a read reads ahead one group).
+fn open_files(
+    parquet: bool,
+    urls: &[PathBuf],
+) -> candle_wick::Result<Box<dyn candle_wick::Source>> {
+    Ok(match parquet {
+        true => {
+            let opts = candle_wick::source::ParquetOptions {
+                shuffle_window: 1,
+                label_column: None,
+                ..Default::default()
+            };
+            Box::new(candle_wick::source::Parquet::open_with(urls, opts)?)
+        }
+        false => Box::new(candle_wick::source::TfRecord::open(urls)?),
+    })
+}
+
+/// The way of opening that stands for the ranks of one node.
+const NODE: &str = "manifest, 8 ranks of a node";
+
+/// Opens the `formats` files with their manifest as 8 ranks of one node
+/// would, one after another, with one cache directory, each reading the
+/// middle record: prints the node's requests and body bytes, and each
+/// rank's requests and bytes at open and at its read (a shard read at
+/// random is also downloaded whole into the directory in the background,
+/// counted in its read's, so later ranks may read the record from
+/// there). The time is the ranks' opens and reads, not the waits for
+/// those downloads.
+fn node_open(
+    parquet: bool,
+    data: &Path,
+    index: &Path,
+    shards: usize,
+    records: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_wick::storage::{set_cache, RemoteCache};
+    let ext = if parquet { "parquet" } else { "tfrecord" };
+    let name = |k: usize| format!("s-{k:06}.{ext}");
+    let server = ObjectServer::start();
+    server.put_dir("/ds", data);
+    for k in (0..shards).filter(|_| !parquet) {
+        let idx = format!("{}.idx", name(k));
+        server.put(&format!("/ds/{idx}"), std::fs::read(index.join(&idx))?);
+    }
+    server.put(
+        "/ds/wick-manifest.json",
+        std::fs::read(index.join("manifest.json"))?,
+    );
+    let urls: Vec<PathBuf> = (0..shards)
+        .map(|k| PathBuf::from(server.url(&format!("/ds/{}", name(k)))))
+        .collect();
+    let cache = std::env::temp_dir().join(format!("wick-scale-node-open-{}", std::process::id()));
+    set_cache(&RemoteCache::memory(0).disk(&cache, 1 << 40))?;
+    let mut took = std::time::Duration::ZERO;
+    let mut per_rank = Vec::new();
+    for _ in 0..8 {
+        let t = Instant::now();
+        let (r0, b0) = counts(&server);
+        let source = open_files(parquet, &urls)?;
+        let (r1, b1) = counts(&server);
+        source.read(shards / 2 * records + records / 2)?;
+        took += t.elapsed();
+        // The cache's background download of the shard read finishes
+        // before the next rank starts, so that its bytes count here.
+        let mut settled = counts(&server);
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let now = counts(&server);
+            if now == settled {
+                break;
+            }
+            settled = now;
+        }
+        let (r2, b2) = settled;
+        per_rank.push(format!("{}/{}+{}/{}", r1 - r0, b1 - b0, r2 - r1, b2 - b1));
+    }
+    set_cache(&RemoteCache::default())?;
+    let _ = std::fs::remove_dir_all(&cache);
+    let (requests, bytes) = counts(&server);
+    println!(
+        "| {NODE} | {requests} | {bytes} | {:.3} s | each rank's open, then read \
+         (requests/bytes): {} |",
+        took.as_secs_f64(),
+        per_rank.join(", ")
+    );
     Ok(())
 }
 
