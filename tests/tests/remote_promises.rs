@@ -630,6 +630,43 @@ fn a_shard_rewritten_after_indexing_is_refused_by_its_version() {
     );
 }
 
+/// An image folder of 4 classes of 30 images converted to `format` in
+/// shards of 30 under `tmp/local` (the manifest `wick convert` writes
+/// beside them), the 4 shards put on a fresh server as `/{name}-{k}.{ext}`
+/// (`name` a folder and a stem: `tf/s`) and indexed there over HTTP as
+/// `wick index URL` does (each shard read, a manifest PUT). Gives the
+/// local shards and the server.
+fn served_shards(
+    format: ShardFormat,
+    tmp: &Path,
+    name: &str,
+    ext: &str,
+) -> (Vec<PathBuf>, ObjectServer) {
+    use candle_wick::source::ImageFolder;
+    image_folder(&tmp.join("folder"), 4, 30);
+    let folder = ImageFolder::new(tmp.join("folder")).unwrap();
+    let opts = ConvertOptions {
+        format,
+        shard_size: 30,
+        ..Default::default()
+    };
+    let local = convert(&folder, &tmp.join("local"), &opts, &|_| {}).unwrap();
+    assert_eq!(local.len(), 4);
+    let dir = local[0].parent().unwrap();
+    assert!(dir.join("wick-manifest.json").exists());
+    let server = ObjectServer::start();
+    for (k, p) in local.iter().enumerate() {
+        server.put(&format!("/{name}-{k}.{ext}"), std::fs::read(p).unwrap());
+    }
+    let pattern = server.url(&format!("/{name}-{{0..3}}.{ext}"));
+    let done = within(60, move || {
+        candle_wick::write::index(Path::new(&pattern), &Default::default())
+    })
+    .unwrap();
+    assert_eq!((done.shards, done.records), (4, 120));
+    (local, server)
+}
+
 /// TFRecord shards indexed once (`wick index` over HTTP: it reads each
 /// shard's record headers and PUTs its `.idx` and the manifest) open over
 /// HTTP reading the manifest alone, by their URLs or their prefix; a
@@ -640,31 +677,13 @@ fn a_shard_rewritten_after_indexing_is_refused_by_its_version() {
 /// it.
 #[test]
 fn a_tfrecord_dataset_with_a_manifest_opens_without_reading_a_shard() {
-    use candle_wick::source::{ImageFolder, TfRecord};
+    use candle_wick::source::TfRecord;
     let dir = tempfile::tempdir().unwrap();
-    image_folder(&dir.path().join("folder"), 4, 30);
-    let folder = ImageFolder::new(dir.path().join("folder")).unwrap();
-    let opts = ConvertOptions {
-        format: ShardFormat::TfRecord,
-        shard_size: 30,
-        ..Default::default()
-    };
-    let local = convert(&folder, &dir.path().join("tf"), &opts, &|_| {}).unwrap();
-    assert_eq!(local.len(), 4);
-    assert!(dir.path().join("tf/wick-manifest.json").exists());
-    let server = ObjectServer::start();
-    let mut shard_bytes = 0;
-    for (k, p) in local.iter().enumerate() {
-        let bytes = std::fs::read(p).unwrap();
-        shard_bytes += bytes.len() as u64;
-        server.put(&format!("/tf/s-{k}.tfrecord"), bytes);
-    }
-    let pattern = server.url("/tf/s-{0..3}.tfrecord");
-    let done = within(60, move || {
-        candle_wick::write::index(Path::new(&pattern), &Default::default())
-    })
-    .unwrap();
-    assert_eq!((done.shards, done.records), (4, 120));
+    let (local, server) = served_shards(ShardFormat::TfRecord, dir.path(), "tf/s", "tfrecord");
+    let shard_bytes: u64 = local
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
     let idx = |p: &Path| PathBuf::from(format!("{}.idx", p.display()));
     assert_eq!(
         server.get("/tf/s-2.tfrecord.idx").unwrap(),
@@ -709,19 +728,31 @@ fn a_tfrecord_dataset_with_a_manifest_opens_without_reading_a_shard() {
     // The records the local shards hold (opened through the manifest
     // `wick convert` wrote beside them).
     let plain = TfRecord::open(&local).unwrap();
-    assert_eq!(plain.len(), 120);
     assert_eq!(r.bytes, plain.read(75).unwrap().bytes);
-    for i in [0, 29, 30, 119] {
-        let (a, b) = (tf.read(i).unwrap(), plain.read(i).unwrap());
-        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "record {i}");
-    }
+    same_samples_then_rewritten_refused(&tf, &plain, &server, &local, "tf/s-3.tfrecord");
+}
 
-    // Shard 3, not read yet, rewritten after the manifest: refused when
-    // it is first read.
-    server.put("/tf/s-3.tfrecord", std::fs::read(&local[2]).unwrap());
-    let chain = error_chain(&tf.read(100).unwrap_err());
+/// `remote` (served shards) gives the samples `plain` (the same shards,
+/// local) gives; then shard 3 (`name`), not read yet, rewritten on the
+/// server after the manifest (with shard 2's bytes), is refused when it
+/// is first read, naming it and `wick index`.
+fn same_samples_then_rewritten_refused(
+    remote: &dyn Source,
+    plain: &dyn Source,
+    server: &ObjectServer,
+    local: &[PathBuf],
+    name: &str,
+) {
+    assert_eq!(plain.len(), 120);
+    for i in [0, 29, 30, 119] {
+        let (a, b) = (remote.read(i).unwrap(), plain.read(i).unwrap());
+        assert_eq!((a.bytes, a.label), (b.bytes, b.label), "sample {i}");
+    }
+    server.put(&format!("/{name}"), std::fs::read(&local[2]).unwrap());
+    let chain = error_chain(&remote.read(100).unwrap_err());
+    let file = name.rsplit('/').next().unwrap();
     assert!(
-        chain.contains("s-3.tfrecord") && chain.contains("wick index"),
+        chain.contains(file) && chain.contains("wick index"),
         "{chain}"
     );
 }
@@ -735,32 +766,15 @@ fn a_tfrecord_dataset_with_a_manifest_opens_without_reading_a_shard() {
 /// refused when first read, naming it.
 #[test]
 fn parquet_files_with_a_manifest_open_reading_one_footer() {
-    use candle_wick::source::{ImageFolder, Parquet, ParquetOptions};
+    use candle_wick::source::{Parquet, ParquetOptions};
     // A window of one row group: a read reads ahead the next group only.
     let one = || ParquetOptions {
         shuffle_window: 1,
         ..Default::default()
     };
     let dir = tempfile::tempdir().unwrap();
-    image_folder(&dir.path().join("folder"), 4, 30);
-    let folder = ImageFolder::new(dir.path().join("folder")).unwrap();
-    let opts = ConvertOptions {
-        format: ShardFormat::Parquet { row_group: 10 },
-        shard_size: 30,
-        ..Default::default()
-    };
-    let local = convert(&folder, &dir.path().join("pq"), &opts, &|_| {}).unwrap();
-    assert_eq!(local.len(), 4);
-    let server = ObjectServer::start();
-    for (k, p) in local.iter().enumerate() {
-        server.put(&format!("/pq/f-{k}.parquet"), std::fs::read(p).unwrap());
-    }
-    let pattern = server.url("/pq/f-{0..3}.parquet");
-    let done = within(60, move || {
-        candle_wick::write::index(Path::new(&pattern), &Default::default())
-    })
-    .unwrap();
-    assert_eq!((done.shards, done.records), (4, 120));
+    let parquet = ShardFormat::Parquet { row_group: 10 };
+    let (local, server) = served_shards(parquet, dir.path(), "pq/f", "parquet");
     let seen = server.log().len();
     let urls: Vec<String> = (0..4)
         .map(|k| server.url(&format!("/pq/f-{k}.parquet")))
@@ -815,4 +829,40 @@ fn parquet_files_with_a_manifest_open_reading_one_footer() {
         chain.contains("f-2.parquet") && chain.contains("wick index"),
         "{chain}"
     );
+}
+
+/// safetensors shards indexed once (`wick index` over HTTP: each shard's
+/// header read, a manifest of their counts PUT) open over HTTP reading the
+/// manifest alone; reading a sample of shard 2 reads its header, labels
+/// and the sample, nothing of the others. The samples are the shards'
+/// own; a shard rewritten since is refused when first read, naming it.
+/// `wick convert` writes the manifest beside the shards it writes.
+#[test]
+fn safetensors_shards_with_a_manifest_open_reading_no_shard() {
+    use candle_wick::source::SafetensorsShards;
+    let dir = tempfile::tempdir().unwrap();
+    let st = ShardFormat::SafetensorsEncoded;
+    let (local, server) = served_shards(st, dir.path(), "st/s", "safetensors");
+    let seen = server.log().len();
+    let urls: Vec<String> = (0..4)
+        .map(|k| server.url(&format!("/st/s-{k}.safetensors")))
+        .collect();
+    let st = within(60, move || SafetensorsShards::open(urls)).unwrap();
+    assert_eq!(st.len(), 120);
+    assert_eq!(
+        server.log()[seen..],
+        ["GET /st/wick-manifest.json auth=None"]
+    );
+    let seen = server.log().len();
+    let r = st.read(75).unwrap();
+    assert!(
+        server.log()[seen..]
+            .iter()
+            .all(|l| l == "GET /st/s-2.safetensors auth=None"),
+        "{:?}",
+        &server.log()[seen..]
+    );
+    let plain = SafetensorsShards::open(&local).unwrap();
+    assert_eq!(r.bytes, plain.read(75).unwrap().bytes);
+    same_samples_then_rewritten_refused(&st, &plain, &server, &local, "st/s-3.safetensors");
 }

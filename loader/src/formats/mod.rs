@@ -585,6 +585,7 @@ fn manifest_shards(path: &Path) -> Result<Option<Detected>> {
     let kind = match m.format.as_str() {
         shards::webdataset::MANIFEST_FORMAT => DatasetKind::WebDataset,
         shards::tfrecord::MANIFEST_FORMAT => DatasetKind::TfRecord,
+        shards::safetensors::MANIFEST_FORMAT => DatasetKind::Safetensors,
         #[cfg(feature = "parquet")]
         parquet::MANIFEST_FORMAT => DatasetKind::Parquet,
         _ => return Ok(None),

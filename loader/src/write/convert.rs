@@ -133,17 +133,16 @@ pub fn convert(
         source,
     })?;
     let mut written: Vec<PathBuf> = Vec::new();
-    // A WebDataset's, TFRecord's or Parquet dataset's shards are indexed
-    // as they are written (each index file goes where its shard goes), and
-    // its manifest written last, in the shards' folder (a Parquet
-    // dataset's data/).
-    let indexing = !matches!(
-        opts.format,
-        ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. }
-    );
+    // Every format's shards are indexed as they are written (each index
+    // file goes where its shard goes; a safetensors or Parquet shard's
+    // header or footer is its own), and the manifest written last, in the
+    // shards' folder (a Parquet dataset's data/).
     let wds = crate::source::WebDatasetOptions::default();
     let index_one = |p: &Path| match opts.format {
         ShardFormat::TfRecord => super::index::index_tfrecord(p, &wds),
+        ShardFormat::SafetensorsEncoded | ShardFormat::SafetensorsPixels { .. } => {
+            crate::formats::shards::safetensors::listed(p)
+        }
         #[cfg(feature = "parquet")]
         ShardFormat::Parquet { .. } => crate::formats::parquet::listed(p),
         _ => super::index::index_one(p, &wds),
@@ -165,15 +164,11 @@ pub fn convert(
     if !remote {
         let done = convert_into(source, &local, opts, progress, &mut |p| {
             written.push(p.to_path_buf());
-            if indexing {
-                listed.push(index_one(p)?);
-            }
+            listed.push(index_one(p)?);
             Ok(p.to_path_buf())
         });
         let done = done.and_then(|paths| {
-            if indexing {
-                write_manifest(&paths, std::mem::take(&mut listed))?;
-            }
+            write_manifest(&paths, std::mem::take(&mut listed))?;
             Ok(paths)
         });
         if done.is_err() {
@@ -192,10 +187,7 @@ pub fn convert(
     let mut up = |shard: &Path| -> Result<PathBuf> {
         // The index beside its shard goes up too: a TFRecord's `.idx`,
         // a WebDataset's `.wickidx` (made here, from the local file).
-        let mut entry = match indexing {
-            true => Some(index_one(shard)?),
-            false => None,
-        };
+        let mut entry = Some(index_one(shard)?);
         // Named by the path under the folder (a Parquet shard is in data/).
         let name = |file: &Path| {
             let rel = file.strip_prefix(&local).unwrap_or(file);
@@ -221,10 +213,8 @@ pub fn convert(
         Ok(url)
     };
     let uploaded = convert_into(source, &local, opts, progress, &mut up).and_then(|paths| {
-        if indexing {
-            let manifest = write_manifest(&paths, std::mem::take(&mut listed))?;
-            written.push(manifest.manifest);
-        }
+        let manifest = write_manifest(&paths, std::mem::take(&mut listed))?;
+        written.push(manifest.manifest);
         Ok(paths)
     });
     let _ = std::fs::remove_dir_all(&local);

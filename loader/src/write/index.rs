@@ -1,7 +1,8 @@
-//! Indexing a WebDataset, TFRecord or Parquet dataset once (what `wick
-//! index` runs): an index file beside each shard (a WebDataset shard's
-//! `<shard>.wickidx`, an uncompressed TFRecord shard's `<shard>.idx`; a
-//! Parquet file's footer is its own) and a manifest in their folder
+//! Indexing a WebDataset, TFRecord, safetensors or Parquet dataset once
+//! (what `wick index` runs): an index file beside each shard (a
+//! WebDataset shard's `<shard>.wickidx`, an uncompressed TFRecord shard's
+//! `<shard>.idx`; a safetensors shard's header and a Parquet file's
+//! footer are their own) and a manifest in their folder
 //! (`wick-manifest.json`), so that every later open reads the manifest
 //! instead of every shard's headers, and each rank loads the index of a
 //! shard only when it reads the shard.
@@ -38,9 +39,9 @@ pub struct Indexed {
     pub merged: usize,
 }
 
-/// Indexes the WebDataset or TFRecord shards or Parquet files at `path`
-/// (a folder, a URL prefix, a brace pattern or one shard) with `opts`:
-/// reads each shard's headers (a Parquet file's footer) once (local
+/// Indexes the WebDataset, TFRecord or safetensors shards or Parquet files
+/// at `path` (a folder, a URL prefix, a brace pattern or one shard) with
+/// `opts`: reads each shard's headers (a Parquet file's footer) once (local
 /// shards on every core, remote ones 16 at a time), writes its index file
 /// beside it, then the manifest in the shards' folder, last, so a
 /// manifest is there only when every index it lists is.
@@ -62,7 +63,10 @@ pub struct Indexed {
 /// rows in each row group, and
 /// [`Parquet::open_with`](crate::source::Parquet::open_with) (without a
 /// row filter) reads the first file's footer and the others' when it
-/// first reads them.
+/// first reads them. safetensors shards likewise take no option and get
+/// no index file: the manifest lists each shard's count, and
+/// [`SafetensorsShards::open`](crate::source::SafetensorsShards::open)
+/// reads a shard's header when it first reads the shard.
 ///
 /// ```no_run
 /// # fn main() -> candle_wick::Result<()> {
@@ -121,12 +125,16 @@ fn index_in(
 ) -> Result<Indexed> {
     let mut found = crate::formats::detect_listing(path)?;
     let parquet = cfg!(feature = "parquet") && found.kind == DatasetKind::Parquet;
-    if !matches!(found.kind, DatasetKind::WebDataset | DatasetKind::TfRecord) && !parquet {
+    let sharded = matches!(
+        found.kind,
+        DatasetKind::WebDataset | DatasetKind::TfRecord | DatasetKind::Safetensors
+    );
+    if !sharded && !parquet {
         return Err(Error::Dataset {
             path: path.to_path_buf(),
             reason: format!(
-                "holds {} ({}); wick index writes the manifest of WebDataset or TFRecord shards \
-                 or Parquet files",
+                "holds {} ({}); wick index writes the manifest of WebDataset, TFRecord or \
+                 safetensors shards or Parquet files",
                 found.kind.name(),
                 found.why
             ),
@@ -156,6 +164,7 @@ fn index_in(
         }
         let l = match kind {
             DatasetKind::TfRecord => index_tfrecord(p, opts),
+            DatasetKind::Safetensors => crate::formats::shards::safetensors::listed(p),
             #[cfg(feature = "parquet")]
             DatasetKind::Parquet => crate::formats::parquet::listed(p),
             _ => index_one(p, opts),
@@ -336,6 +345,10 @@ pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Li
 fn made_as(kind: DatasetKind, opts: &WebDatasetOptions) -> (&'static str, IndexedWith) {
     match kind {
         DatasetKind::TfRecord => (tfrecord::MANIFEST_FORMAT, IndexedWith::default()),
+        DatasetKind::Safetensors => (
+            crate::formats::shards::safetensors::MANIFEST_FORMAT,
+            IndexedWith::default(),
+        ),
         #[cfg(feature = "parquet")]
         DatasetKind::Parquet => (
             crate::formats::parquet::MANIFEST_FORMAT,

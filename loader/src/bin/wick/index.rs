@@ -1,5 +1,5 @@
-//! `wick index`: a WebDataset's, TFRecord dataset's or Parquet dataset's
-//! manifest and per-shard index files, written once beside its shards
+//! `wick index`: a WebDataset's, TFRecord, safetensors or Parquet
+//! dataset's manifest and per-shard index files, written once beside its shards
 //! (split across machines with `--part`), so that opening it reads no
 //! shard.
 
@@ -9,8 +9,9 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct IndexArgs {
-    /// The WebDataset or TFRecord shards: a folder, URL prefix
-    /// (`s3://bucket/laion/`), brace pattern or one shard.
+    /// The WebDataset, TFRecord or safetensors shards or Parquet files: a
+    /// folder, URL prefix (`s3://bucket/laion/`), brace pattern or one
+    /// shard.
     pub(crate) data: PathBuf,
     /// Extension of the label member (`cls`, `json`, ...), as the loader
     /// will open the shards with; `none` for shards without labels

@@ -155,7 +155,8 @@ impl Manifest {
 /// bytes: a tar member takes at least 512 bytes (a WebDataset sample at
 /// least one member); a TFRecord record at least its 16 bytes of framing,
 /// which a compressed shard (`.gz`, `.zz`) holds in no less than a 1,032nd
-/// of that (DEFLATE's largest ratio).
+/// of that (DEFLATE's largest ratio); a safetensors sample its label, a
+/// byte at least.
 fn most_records(format: &str, name: &str, size: u64) -> u64 {
     match format {
         "tfrecord"
@@ -169,6 +170,8 @@ fn most_records(format: &str, name: &str, size: u64) -> u64 {
         // Rows of a Parquet file take no least number of bytes (a run
         // of nulls is a few bytes): its row groups' counts are checked.
         "parquet" => u64::MAX,
+        // A safetensors sample's label takes a byte at least.
+        "safetensors" => size,
         _ => size / 512,
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! Labels may be any integer dtype; they are checked on open.
 
+use super::manifest::{self, IndexedWith, Lazy, Listed};
 use super::ShardSet;
 use crate::contract::{reads_through, Damage, Parts, Record, ShardInfo, Source, Value};
 use crate::error::{shard_error, Cause};
@@ -41,13 +42,25 @@ enum HostLayout {
 
 #[derive(Debug)]
 struct Shard {
-    file: Blob,
     path: PathBuf,
+    /// Its header read: at open, or, for a shard a manifest lists, when a
+    /// sample of it is first read.
+    opened: Lazy<Opened>,
+}
+
+/// A shard, open, its header read and its labels (and sample bounds)
+/// loaded.
+#[derive(Debug)]
+struct Opened {
+    file: Blob,
     layout: HostLayout,
     labels: Vec<u32>,
     /// Every tensor with a row per sample (`[N, ..]`), as named parts.
     rows: Vec<Rows>,
 }
+
+/// The manifest's name for the format.
+pub(crate) const MANIFEST_FORMAT: &str = "safetensors";
 
 /// A tensor of one row per sample: sample `n`'s row is the file's bytes
 /// `start + n * row_bytes..` (`row_bytes` of them).
@@ -109,25 +122,93 @@ fn ints(data: &[u8], info: &TensorInfo) -> Option<Vec<i64>> {
 }
 
 impl SafetensorsShards {
-    /// Opens shards (in the order given) and checks their headers.
+    /// Opens shards (in the order given) and checks their headers. A
+    /// shard that a manifest in its folder lists (`wick index`, `wick
+    /// convert`) is not read until a sample of it is (then its header and
+    /// labels, the shard checked to have its listed size, version and
+    /// count); the others' headers are read now (each local shard on a
+    /// core of its own, 16 remote ones at once).
     pub fn open(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> Result<Self> {
         let mut set = ShardSet::default();
         let mut shards = Vec::new();
         let paths = super::owned(paths);
-        for (path, shard) in paths.iter().zip(super::open_each(&paths, open_one)) {
-            let shard = shard?;
-            set.push(path, shard.labels.len());
-            shards.push(shard);
+        let listed = manifest::lookup(&paths, MANIFEST_FORMAT, &IndexedWith::default())?;
+        let unlisted = manifest::unlisted(&paths, &listed);
+        let mut opened = super::open_each(&unlisted, open_one).into_iter();
+        for (path, listed) in paths.into_iter().zip(listed) {
+            let loaded = match &listed {
+                Some((_, l)) => {
+                    set.push_listed(&Default::default(), &path, l)?;
+                    None
+                }
+                None => {
+                    let o = opened.next().expect("one open a shard no manifest lists")?;
+                    set.push(&path, o.labels.len());
+                    Some(o)
+                }
+            };
+            shards.push(Shard {
+                path,
+                opened: Lazy::new(loaded, listed),
+            });
         }
         Ok(Self { shards, set })
     }
+
+    /// Shard `s`, its header read (on its first read, for a shard a
+    /// manifest lists).
+    fn opened(&self, s: usize) -> Result<&Opened> {
+        let shard = &self.shards[s];
+        shard
+            .opened
+            .load(|manifest, listed| load_listed(&shard.path, manifest, listed))
+    }
 }
 
-/// Opens one shard: its header read and checked against the file's length
-/// (as `SafeTensors::read_metadata` does over a whole file), then only the
-/// label (and offset) tensors read.
-fn open_one(path: &Path) -> Result<Shard> {
+/// What the manifest lists of shard `path`: its name, size, version and
+/// samples (its header is its index: no index file).
+pub(crate) fn listed(path: &Path) -> Result<Listed> {
     let (file, len) = Blob::open(path)?;
+    let o = read_header(path, file, len)?;
+    Ok(Listed {
+        name: manifest::split(path).1,
+        size: len,
+        version: o.file.version(),
+        records: o.labels.len() as u64,
+        index_bytes: 0,
+        index_crc: 0,
+        damage: Vec::new(),
+        row_groups: Vec::new(),
+    })
+}
+
+/// Shard `path` as `manifest` lists it: opened with its listed size and
+/// version (no request for a remote one), its header read, and its
+/// samples checked to be the listed count.
+fn load_listed(path: &Path, manifest: &Path, listed: &Listed) -> Result<Opened> {
+    let (file, len) = manifest::open_listed(path, manifest, listed)?;
+    let o = read_header(path, file, len)?;
+    if o.labels.len() as u64 != listed.records {
+        let what = format!(
+            "the shard holds {} samples, not the {} the manifest lists",
+            o.labels.len(),
+            listed.records
+        );
+        return Err(manifest::changed(path, manifest, &what));
+    }
+    Ok(o)
+}
+
+/// Opens one shard: its header read and checked ([`read_header`]).
+fn open_one(path: &Path) -> Result<Opened> {
+    let (file, len) = Blob::open(path)?;
+    read_header(path, file, len)
+}
+
+/// Reads shard `path`'s header (`file`, of `len` bytes) and checks it
+/// against the file's length (as `SafeTensors::read_metadata` does over a
+/// whole file), then only the label (and offset) tensors.
+fn read_header(path: &Path, file: Blob, len: u64) -> Result<Opened> {
     let bad = |offset: u64, reason: String| shard_error(path, offset, reason);
     let mut n = [0; 8];
     if len < 8 {
@@ -164,9 +245,8 @@ fn open_one(path: &Path) -> Result<Shard> {
     };
     let (layout, labels) = layout_of(path, &meta, data_start as usize, &read)?;
     let rows = rows_of(&meta, labels.len(), data_start as usize);
-    Ok(Shard {
+    Ok(Opened {
         file,
-        path: path.to_path_buf(),
         layout,
         labels,
         rows,
@@ -300,7 +380,8 @@ impl Source for SafetensorsShards {
     /// `bytes` (reused).
     fn read_reusing(&self, index: usize, mut bytes: Vec<u8>) -> Result<Record> {
         let (s, n) = self.set.locate(index)?;
-        let shard = &self.shards[s];
+        let path = &self.shards[s].path;
+        let shard = self.opened(s)?;
         let key = self.set.key(index);
         let label = shard.labels[n];
         let (at, size, rgb_size) = match &shard.layout {
@@ -322,9 +403,7 @@ impl Source for SafetensorsShards {
         };
         bytes.clear();
         bytes.resize(size, 0);
-        shard
-            .file
-            .read_exact_at(&shard.path, at as u64, &mut bytes)?;
+        shard.file.read_exact_at(path, at as u64, &mut bytes)?;
         Ok(Record {
             rgb_size,
             ..Record::encoded(key, bytes, label)
@@ -340,13 +419,12 @@ impl Source for SafetensorsShards {
             return Ok(record);
         }
         let (s, n) = self.set.locate(index)?;
-        let shard = &self.shards[s];
+        let path = &self.shards[s].path;
+        let shard = self.opened(s)?;
         for r in shard.rows.iter().filter(|r| parts.wants(&r.name)) {
             let mut data = vec![0; r.row_bytes];
             let at = r.start + n * r.row_bytes;
-            shard
-                .file
-                .read_exact_at(&shard.path, at as u64, &mut data)?;
+            shard.file.read_exact_at(path, at as u64, &mut data)?;
             let value = Value::Array {
                 dtype: r.dtype.clone(),
                 shape: r.shape.clone(),
