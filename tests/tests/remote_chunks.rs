@@ -214,3 +214,39 @@ fn tfrecord_offsets_are_made_once_a_node_and_mapped() {
     read_all(&second);
     set_cache(&RemoteCache::default()).unwrap();
 }
+
+/// The ranks of one launch on a node (here: this process, its parent
+/// the launcher, with `LOCAL_WORLD_SIZE=2`) share one listing of a
+/// prefix through the cache directory: a later open of the launch takes
+/// it (and so agrees with the first, even on a shard added since); a
+/// process outside a launch of several ranks lists again.
+#[test]
+fn the_ranks_of_a_launch_on_a_node_share_a_listing() {
+    struct Unset;
+    impl Drop for Unset {
+        fn drop(&mut self) {
+            std::env::remove_var("LOCAL_WORLD_SIZE");
+        }
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let shard = |k: usize| {
+        let path = dir.path().join(format!("s-{k}.tfrecord"));
+        let mut w = candle_wick::write::TfRecordWriter::create(&path).unwrap();
+        (0..5u8).for_each(|i| w.write_record(&[i; 20]).unwrap());
+        w.into_inner().unwrap();
+    };
+    (0..3).for_each(shard);
+    let prefix = format!("file://{}/", dir.path().display());
+    let cache = tempfile::tempdir().unwrap();
+    set_cache(&RemoteCache::memory(0).disk(cache.path(), 1 << 30)).unwrap();
+    let _unset = Unset;
+    std::env::set_var("LOCAL_WORLD_SIZE", "2");
+    let len = || candle_wick::open_path(&prefix).unwrap().len();
+    assert_eq!(len(), 15);
+    shard(3);
+    assert_eq!(len(), 15, "the launch's listing, made by its first open");
+    std::env::remove_var("LOCAL_WORLD_SIZE");
+    assert_eq!(len(), 20, "one rank a node: its own listing");
+    set_cache(&RemoteCache::default()).unwrap();
+}

@@ -708,29 +708,32 @@ pub(crate) fn list(url: &str, deep: bool, keep: &dyn Fn(&str) -> bool) -> Result
     let objects = match memo {
         Some(objects) => objects,
         None => {
-            let (store, prefix) = store(url)?;
-            let p = prefix.clone();
-            let metas: Vec<object_store::ObjectMeta> = block_on(async move {
-                if deep {
-                    store.list(Some(&p)).try_collect().await
-                } else {
-                    store.list_with_delimiter(Some(&p)).await.map(|l| l.objects)
-                }
-            })?
-            .map_err(|e| remote_error(url, "cannot list the objects", e))?;
-            #[cfg(test)]
-            tests::LISTED_PREFIXES.with(|n| n.set(n.get() + 1));
-            let mut objects: Vec<(String, u64, Version)> = metas
-                .iter()
-                .map(|m| {
-                    let url = match scheme {
-                        "file" => format!("file:///{}", m.location),
-                        _ => format!("{root}/{}", m.location),
-                    };
-                    (url, m.size, Version::of(m))
-                })
-                .collect();
-            objects.sort_by(|a, b| a.0.cmp(&b.0));
+            let objects = shared_listing(url, deep, || {
+                let (store, prefix) = store(url)?;
+                let p = prefix.clone();
+                let metas: Vec<object_store::ObjectMeta> = block_on(async move {
+                    if deep {
+                        store.list(Some(&p)).try_collect().await
+                    } else {
+                        store.list_with_delimiter(Some(&p)).await.map(|l| l.objects)
+                    }
+                })?
+                .map_err(|e| remote_error(url, "cannot list the objects", e))?;
+                #[cfg(test)]
+                tests::LISTED_PREFIXES.with(|n| n.set(n.get() + 1));
+                let mut objects: Vec<Listed> = metas
+                    .iter()
+                    .map(|m| {
+                        let url = match scheme {
+                            "file" => format!("file:///{}", m.location),
+                            _ => format!("{root}/{}", m.location),
+                        };
+                        (url, m.size, Version::of(m))
+                    })
+                    .collect();
+                objects.sort_by(|a, b| a.0.cmp(&b.0));
+                Ok(objects)
+            })?;
             let objects = Arc::new(objects);
             LISTINGS.with(|m| {
                 if let Some(m) = m.borrow_mut().as_mut() {
@@ -752,8 +755,97 @@ pub(crate) fn list(url: &str, deep: bool, keep: &dyn Fn(&str) -> bool) -> Result
     Ok(urls)
 }
 
+/// An object a listing gives: its URL, size and version.
+type Listed = (String, u64, Version);
+
 /// Listings by `(prefix, deep)`, while [`one_listing`] runs on this thread.
-type Listings = HashMap<(String, bool), Arc<Vec<(String, u64, Version)>>>;
+type Listings = HashMap<(String, bool), Arc<Vec<Listed>>>;
+
+/// The listing of `url` (`deep` or not) that `list` makes, shared by the
+/// processes of one launch on this node (the ranks a launcher started
+/// here, [`launch_on_node`]) through the cache directory: the first to
+/// take the listing's lock lists the prefix and keeps the listing there;
+/// the others take it, so a node's ranks make one listing, not one each,
+/// and agree on it. Outside a launch of several ranks on the node, or
+/// without a cache directory, each process lists (a process run again
+/// lists again: a later launch sees the objects added since).
+fn shared_listing(
+    url: &str,
+    deep: bool,
+    list: impl FnOnce() -> Result<Vec<Listed>>,
+) -> Result<Vec<Listed>> {
+    use super::NodeFile;
+    let Some(launch) = launch_on_node() else {
+        return list();
+    };
+    let key = format!("list {url} {deep} {launch}");
+    match super::node_file(&key, true)? {
+        NodeFile::Ready(copy) => match parse_listing(copy.bytes()) {
+            Some(objects) => Ok(objects),
+            None => list(),
+        },
+        NodeFile::Mine(lock) => {
+            let objects = list()?;
+            let rows: Vec<(&str, u64, Option<&str>, Option<String>)> = objects
+                .iter()
+                .map(|(u, n, v)| {
+                    let modified = v.modified.map(|m| m.to_rfc3339());
+                    (u.as_str(), *n, v.e_tag.as_deref(), modified)
+                })
+                .collect();
+            if let Ok(bytes) = serde_json::to_vec(&rows) {
+                // A listing not kept is made again by the next process.
+                let _ = super::node_publish(&key, &bytes);
+            }
+            drop(lock);
+            Ok(objects)
+        }
+        NodeFile::Busy | NodeFile::Alone => list(),
+    }
+}
+
+/// A listing [`shared_listing`] kept; `None` for a file that is not one.
+fn parse_listing(bytes: &[u8]) -> Option<Vec<Listed>> {
+    type Row = (String, u64, Option<String>, Option<String>);
+    let rows: Vec<Row> = serde_json::from_slice(bytes).ok()?;
+    rows.into_iter()
+        .map(|(url, size, e_tag, modified)| {
+            let modified = match modified {
+                Some(m) => Some(
+                    chrono::DateTime::parse_from_rfc3339(&m)
+                        .ok()?
+                        .with_timezone(&chrono::Utc),
+                ),
+                None => None,
+            };
+            Some((url, size, Version { e_tag, modified }))
+        })
+        .collect()
+}
+
+/// Which launch of several ranks on this node this process belongs to:
+/// its parent process (torchrun's agent, `mpirun` or its daemon,
+/// `slurmstepd`: one a launch and node) with the time it started, when
+/// the launcher says the node runs more than one rank of the job
+/// (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`,
+/// `SLURM_NTASKS_PER_NODE`). `None` otherwise, and off Linux.
+fn launch_on_node() -> Option<String> {
+    let env = |k: &str| std::env::var(k).ok();
+    if crate::tune::local_ranks(&env) < 2 {
+        return None;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::os::unix::process::parent_id();
+        let stat = std::fs::read_to_string(format!("/proc/{parent}/stat")).ok()?;
+        // Field 22, the start time: the 20th after the name's ")".
+        let after = &stat[stat.rfind(')')? + 1..];
+        let started = after.split_whitespace().nth(19)?;
+        Some(format!("{parent}@{started}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
 
 /// Objects [`get_if_exists`] fetched, by URL.
 type Fetched = HashMap<String, Option<std::result::Result<Bytes, u64>>>;
