@@ -180,25 +180,27 @@ fn index_in(
         .map(|(l, _)| l.size)
         .sum();
     let listed = listed.into_iter().map(|(l, _)| l).collect();
+    let name = part.map_or(MANIFEST_NAME.to_string(), |(k, n)| {
+        manifest::part_name(k, n)
+    });
     let (format, options) = made_as(kind, opts);
-    let m = Manifest::new(format, options, listed);
-    let Some((part, parts)) = part else {
-        let done = put_manifest(&manifest::join(&dir, MANIFEST_NAME), m)?;
-        // The parts are in the manifest now: a later pass reads it.
-        for p in &earlier.parts {
-            remove(p)?;
-        }
-        return Ok(Indexed {
-            reused,
-            shard_bytes,
-            merged: earlier.parts.len(),
-            ..done
-        });
+    let done = put_manifest(
+        &manifest::join(&dir, &name),
+        Manifest::new(format, options, listed),
+    )?;
+    // The parts are in the manifest now: a later pass reads it.
+    let merged = if part.is_none() {
+        earlier.parts.len()
+    } else {
+        0
     };
-    let done = put_manifest(&manifest::join(&dir, &manifest::part_name(part, parts)), m)?;
+    if part.is_none() {
+        earlier.parts.iter().try_for_each(|p| remove(p))?;
+    }
     Ok(Indexed {
         reused,
         shard_bytes,
+        merged,
         ..done
     })
 }
@@ -322,7 +324,7 @@ pub(crate) fn index_tfrecord(path: &Path, opts: &WebDatasetOptions) -> Result<Li
     let (index_bytes, index_crc) = match c.compressed || c.count == 0 {
         true => (0, 0),
         false => {
-            let text = tfrecord::index_text(&c.records);
+            let text = tfrecord::index_text(&c.offsets);
             put(&tfrecord::index_path(path), &text)?;
             (text.len() as u64, crc32c::crc32c(&text))
         }

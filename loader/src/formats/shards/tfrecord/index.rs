@@ -62,7 +62,7 @@ pub(super) fn read_index_file(
 /// fewer: the framing). Held by this process, or mapped from the node's
 /// copy in the cache directory, which the node's processes share.
 #[derive(Debug)]
-pub(super) enum Offsets {
+pub(crate) enum Offsets {
     /// In this process's memory.
     Owned(Vec<u64>),
     /// The node's copy: the bounds as little-endian `u64`s, its length
@@ -208,18 +208,19 @@ fn bad_line(idx: &Path, line: usize, reason: String) -> Error {
     }
 }
 
-/// The DALI-style index of `records` (`(offset, data length)`): a line
+/// The DALI-style index of a shard's records (`offsets`): a line
 /// `offset size` each, the size with the 16 bytes of framing.
-pub(crate) fn index_text(records: &[(u64, u64)]) -> Vec<u8> {
-    let mut text = String::with_capacity(records.len() * 16);
-    for (offset, len) in records {
+pub(crate) fn index_text(offsets: &Offsets) -> Vec<u8> {
+    let mut text = String::with_capacity(offsets.len() * 16);
+    for i in 0..offsets.len() {
+        let (offset, len) = offsets.get(i);
         text.push_str(&format!("{offset} {}\n", len + 16));
     }
     text.into_bytes()
 }
 
-pub(super) fn write_index_file(idx: &Path, records: &[(u64, u64)]) -> Result<()> {
-    std::fs::write(idx, index_text(records)).map_err(|source| Error::Io {
+pub(super) fn write_index_file(idx: &Path, offsets: &Offsets) -> Result<()> {
+    std::fs::write(idx, index_text(offsets)).map_err(|source| Error::Io {
         path: idx.to_path_buf(),
         source,
     })

@@ -116,9 +116,8 @@ pub(crate) struct Counted {
     pub(crate) blob: Blob,
     /// Its size.
     pub(crate) len: u64,
-    /// Where each record is, when read through uncompressed (empty when
-    /// compressed, or opened from its `.idx`).
-    pub(crate) records: Vec<(u64, u64)>,
+    /// Where each record is (uncompressed; none when compressed).
+    pub(crate) offsets: Offsets,
     /// How many records it holds.
     pub(crate) count: usize,
     /// Whether it is compressed (no offsets).
@@ -138,11 +137,10 @@ pub(crate) fn count(
     let mut set = ShardSet::default();
     let compression = compression.resolve(path);
     let (blob, len) = Blob::open(path)?;
-    let (records, count) = if compression == Compression::None {
+    let (offsets, count) = if compression == Compression::None {
         let mut reader = blob.reader(path, len);
         let records = scan(path, &mut reader, len, shard, &mut set)?;
-        let count = records.len();
-        (records, count)
+        (Offsets::of_records(&records), records.len())
     } else {
         let mut count = 0;
         let mut reader = RecordReader::new(decompress(blob.reader(path, len), compression), path);
@@ -156,12 +154,12 @@ pub(crate) fn count(
                 Err(e) => return Err(e),
             }
         }
-        (Vec::new(), count)
+        (Offsets::Owned(Vec::new()), count)
     };
     Ok(Counted {
         blob,
         len,
-        records,
+        offsets,
         count,
         compressed: compression != Compression::None,
         damage: set.damage,
@@ -226,14 +224,13 @@ impl TfRecord {
             let count = match &listed {
                 Some((_, l)) => set.push_listed(&opts.shard, &path, l)?,
                 None => {
-                    let (c, read) = opened.next().expect("one open a shard no manifest lists")?;
+                    let c = opened.next().expect("one open a shard no manifest lists")?;
                     set.damage.extend(c.damage);
                     set.push(&path, c.count);
                     if !c.compressed {
-                        let offsets = read.unwrap_or_else(|| Offsets::of_records(&c.records));
                         loaded = Some(Opened {
                             file: c.blob,
-                            offsets,
+                            offsets: c.offsets,
                         });
                     }
                     c.count
@@ -262,7 +259,7 @@ impl TfRecord {
 /// Shard `path`, which no manifest lists, opened: an uncompressed one
 /// from its `.idx` when there is one (and `opts` reads them), else read
 /// through (and its `.idx` written, when `opts` says so).
-fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<(Counted, Option<Offsets>)> {
+fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<Counted> {
     let compression = opts.compression.resolve(path);
     if compression == Compression::None && opts.read_index_files {
         let idx = index_path(path);
@@ -270,22 +267,21 @@ fn open_unlisted(path: &Path, opts: &TfRecordOptions) -> Result<(Counted, Option
         if let Some(bytes) = crate::storage::read_if_exists(&idx, 1 << 30)? {
             let (blob, len) = Blob::open(path)?;
             let offsets = read_index_file((&idx, &bytes), (path, &blob), len)?;
-            let c = Counted {
+            return Ok(Counted {
                 count: offsets.len(),
                 blob,
                 len,
-                records: Vec::new(),
+                offsets,
                 compressed: false,
                 damage: Vec::new(),
-            };
-            return Ok((c, Some(offsets)));
+            });
         }
     }
     let c = count(path, compression, &opts.shard)?;
     if !c.compressed && opts.write_index_files && !crate::storage::is_url(path) {
-        write_index_file(&index_path(path), &c.records)?;
+        write_index_file(&index_path(path), &c.offsets)?;
     }
-    Ok((c, None))
+    Ok(c)
 }
 
 /// Shard `path`'s file and record offsets from what `manifest` lists of
